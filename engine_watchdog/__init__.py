@@ -1,0 +1,3 @@
+"""engine-watchdog: catches LLM serving engines that hang silently."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,4 @@
+from engine_watchdog.cli import main
+
+if __name__ == "__main__":
+    main()

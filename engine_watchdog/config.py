@@ -1,0 +1,79 @@
+"""Settings: frozen dataclasses with a docstring per field. The CLI fills them from flags/env."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from engine_watchdog.detector import DetectorSettings
+
+
+class SettingsError(ValueError):
+    """Bad input; the message names the fix. The CLI prints it as one line and exits 64."""
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    interval_s: float = 1.0
+    """Seconds between probe rounds."""
+    scrape_timeout_s: float = 5.0
+    """Timeout of one GET /metrics or /health. Longer than the interval is allowed."""
+    max_scrape_bytes: int = 16 * 1024 * 1024
+    """A /metrics body larger than this is an error (protects the watchdog's memory)."""
+    health: bool = True
+    """Also poll the engine's /health (tells a dead engine from an unreachable one)."""
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    url: str
+    """Base URL of the engine's API server, e.g. http://127.0.0.1:8000."""
+    engine: str = "vllm"
+    """Engine profile name (see engine_watchdog/engines)."""
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    """How to probe."""
+    detector: DetectorSettings = field(default_factory=DetectorSettings)
+    """When to call a stall."""
+    listen: str | None = "127.0.0.1:9400"
+    """host:port for the watchdog's own /metrics, /livez, /readyz, /status; None: no server."""
+    json_lines: bool = False
+    """Print each transition as a JSON line instead of a readable line."""
+    record: Path | None = None
+    """Append every observation to this JSON Lines trace (replayable)."""
+
+
+def normalise_url(url: str) -> str:
+    """Validate an engine base URL; accept host:port without a scheme."""
+    if "://" not in url:
+        url = f"http://{url}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError(f"not an engine URL: {url!r}; give one like http://127.0.0.1:8000")
+    try:
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        raise SettingsError(f"bad port in {url!r}; give one like http://127.0.0.1:8000") from None
+    return url.rstrip("/")
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise SettingsError(f"--listen {listen!r}: give host:port, e.g. 127.0.0.1:9400")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def validate(settings: WatchSettings) -> WatchSettings:
+    d, p = settings.detector, settings.probe
+    if p.interval_s <= 0:
+        raise SettingsError("--interval must be > 0 seconds")
+    if d.stall_seconds <= 0 or d.suspect_seconds < 0:
+        raise SettingsError("--stall-seconds must be > 0")
+    if d.suspect_seconds > d.stall_seconds:
+        raise SettingsError("--suspect-seconds must not exceed --stall-seconds")
+    if d.stall_seconds < 2 * p.interval_s:
+        raise SettingsError("--stall-seconds must be at least twice --interval")
+    if settings.listen is not None:
+        parse_listen(settings.listen)
+    return settings

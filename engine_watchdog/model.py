@@ -1,0 +1,138 @@
+"""Plain data crossing every boundary: probes emit it, the detector reads it, reporters print it.
+
+Everything here is a frozen dataclass with no behaviour beyond small derived properties, so it
+can be recorded, replayed and compared bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class State(str, Enum):
+    """Verdict states, from least to most alarming (see SEVERITY)."""
+
+    STARTING = "starting"
+    IDLE = "idle"
+    SLEEPING = "sleeping"
+    PROGRESSING = "progressing"
+    SUSPECT = "suspect"
+    UNREACHABLE = "unreachable"
+    STALLED = "stalled"
+
+
+SEVERITY: dict[State, int] = {s: i for i, s in enumerate(State)}
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    """One data-parallel rank's series from one scrape."""
+
+    engine: str
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    asleep: bool
+    progress: dict[str, float] = field(default_factory=dict)
+    """Logical progress signal (profile key) -> counter value; NaN values are left out."""
+
+
+@dataclass(frozen=True)
+class ScrapeObs:
+    """A scrape of the engine's /metrics, parsed. ``error`` set means no usable answer."""
+
+    t: float
+    engines: tuple[EngineSample, ...] = ()
+    error: str | None = None
+    """Short code: timeout, connection-refused, http-<status>, too-large, no-engine-series..."""
+    detail: str | None = None
+    """One line for humans saying what was found and what to check."""
+    status: int | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass(frozen=True)
+class HealthObs:
+    """The engine's own /health answer (status None: no answer, see error)."""
+
+    t: float
+    status: int | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One engine process as the process table shows it."""
+
+    pid: int
+    ppid: int
+    role: str
+    """api-server | engine-core | worker | dp-coordinator | other"""
+    title: str
+    state: str
+    """running | sleeping | disk-wait | stopped | zombie | gone (psutil's names, normalised)"""
+    cpu_s: float
+    ns_pid: int | None = None
+    """The PID inside the process's own PID namespace when it differs (containers)."""
+
+
+@dataclass(frozen=True)
+class ProcsObs:
+    t: float
+    procs: tuple[ProcInfo, ...]
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    util_pct: float | None
+    power_w: float | None
+    sm_pct: float | None = None
+    tensor_pct: float | None = None
+    dram_pct: float | None = None
+    pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuObs:
+    t: float
+    gpus: tuple[GpuInfo, ...]
+
+
+@dataclass(frozen=True)
+class CanaryObs:
+    """A 1-token request through the engine's own API. ok=True proves the engine is alive."""
+
+    t: float
+    ok: bool
+    latency_s: float | None = None
+    error: str | None = None
+
+
+Observation = ScrapeObs | HealthObs | ProcsObs | GpuObs | CanaryObs
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The detector's judgement of one engine (data-parallel rank) at time ``t``."""
+
+    t: float
+    engine: str
+    state: State
+    cause: str | None = None
+    """Why, for stalled/suspect/unreachable (e.g. no-progress, stopped, engine-dead)."""
+    since: float | None = None
+    """When the engine entered this state."""
+    seconds_without_progress: float = 0.0
+    last_progress_t: float | None = None
+    evidence: tuple[str, ...] = ()
+    """Short human-readable facts behind the verdict, newest last."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A change of verdict state for one engine."""
+
+    old: State | None
+    new: Verdict

@@ -1,0 +1,128 @@
+"""Record and replay observation traces: JSON Lines, one observation per line, in time order.
+
+The format is a public contract (docs/traces.md). Any kind may be absent; unknown kinds and
+fields are ignored; ``t`` is seconds since any epoch. Scrapes are recorded raw (the exposition
+text, filtered to the series the engine profile reads) so a replay re-parses them with the same
+code that ran live.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from engine_watchdog.engines.profile import EngineProfile
+from engine_watchdog.model import (
+    CanaryObs,
+    GpuInfo,
+    GpuObs,
+    HealthObs,
+    Observation,
+    ProcInfo,
+    ProcsObs,
+)
+from engine_watchdog.probes.metrics import RawScrape, parse_scrape
+
+VERSION = 1
+log = logging.getLogger(__name__)
+
+
+def encode_scrape(raw: RawScrape) -> dict[str, Any]:
+    rec: dict[str, Any] = {"v": VERSION, "t": raw.t, "kind": "scrape"}
+    if raw.error is not None:
+        rec["error"] = raw.error
+        if raw.detail:
+            rec["detail"] = raw.detail
+        return rec
+    rec.update(status=raw.status, elapsed_s=raw.elapsed_s, body=raw.body)
+    return rec
+
+
+def encode_health(obs: HealthObs) -> dict[str, Any]:
+    rec: dict[str, Any] = {"v": VERSION, "t": obs.t, "kind": "health", "status": obs.status}
+    if obs.error is not None:
+        rec["error"] = obs.error
+    return rec
+
+
+def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
+    """One trace record -> observation; None for kinds this version does not read."""
+    t = float(rec["t"])
+    kind = rec.get("kind")
+    if kind == "scrape":
+        raw = RawScrape(
+            t,
+            status=rec.get("status"),
+            body=rec.get("body"),
+            elapsed_s=rec.get("elapsed_s"),
+            error=rec.get("error"),
+            detail=rec.get("detail"),
+        )
+        return parse_scrape(raw, profile)
+    if kind == "health":
+        return HealthObs(t, status=rec.get("status"), error=rec.get("error"))
+    if kind == "canary":
+        return CanaryObs(
+            t, ok=bool(rec["ok"]), latency_s=rec.get("latency_s"), error=rec.get("error")
+        )
+    if kind == "gpu":
+        return GpuObs(t, tuple(_gpu(g) for g in rec["gpus"]))
+    if kind == "procs":
+        return ProcsObs(t, tuple(_proc(p) for p in rec["procs"]))
+    return None
+
+
+def _gpu(g: dict[str, Any]) -> GpuInfo:
+    return GpuInfo(
+        index=int(g["index"]),
+        util_pct=g.get("util_pct"),
+        power_w=g.get("power_w"),
+        sm_pct=g.get("sm_pct"),
+        tensor_pct=g.get("tensor_pct"),
+        dram_pct=g.get("dram_pct"),
+        pids=tuple(g.get("pids", ())),
+    )
+
+
+def _proc(p: dict[str, Any]) -> ProcInfo:
+    return ProcInfo(
+        pid=int(p["pid"]),
+        ppid=int(p.get("ppid", 0)),
+        role=str(p.get("role", "other")),
+        title=str(p.get("title", "")),
+        state=str(p.get("state", "running")),
+        cpu_s=float(p.get("cpu_s", 0.0)),
+    )
+
+
+def read_trace(lines: Iterable[str], profile: EngineProfile) -> Iterator[Observation]:
+    """Observations of a trace; a broken line is skipped with a warning, never a crash."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            obs = decode(rec, profile)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("trace line %d skipped: %s", number, exc)
+            continue
+        if obs is not None:
+            yield obs
+
+
+class TraceWriter:
+    """Appends records to a trace file; one line per record, flushed so a crash loses nothing."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: TextIO = path.open("a", encoding="utf-8")
+
+    def write(self, rec: dict[str, Any]) -> None:
+        self._file.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
