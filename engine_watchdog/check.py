@@ -75,21 +75,28 @@ def at_timeout(verdicts: dict[str, Verdict]) -> int:
 async def run_check(settings: WatchSettings, timeout_s: float) -> CheckResult:
     """Observe until the verdict is conclusive or ``timeout_s`` runs out."""
     deadline = time.monotonic() + timeout_s
-    quiet_rounds: dict[str, int] = {}
     async with aiohttp.ClientSession() as session:
         watcher = Watcher(settings, session)
-        while True:
-            await watcher.tick()
-            verdicts = watcher.verdicts
-            for engine, v in verdicts.items():
-                quiet_rounds[engine] = quiet_rounds.get(engine, 0) + 1 if v.state in _QUIET else 0
-            code = decide(verdicts, quiet_rounds)
-            if code is None and time.monotonic() >= deadline:
-                code = at_timeout(verdicts)
-            if code is not None:
-                return CheckResult(code, list(verdicts.values()), _error(watcher))
-            pause = min(settings.probe.interval_s, max(0.0, deadline - time.monotonic()))
-            await asyncio.sleep(pause)
+        try:
+            return await _observe(watcher, deadline)
+        finally:
+            watcher.close()
+
+
+async def _observe(watcher: Watcher, deadline: float) -> CheckResult:
+    quiet_rounds: dict[str, int] = {}
+    while True:
+        await watcher.tick()
+        verdicts = watcher.verdicts
+        for engine, v in verdicts.items():
+            quiet_rounds[engine] = quiet_rounds.get(engine, 0) + 1 if v.state in _QUIET else 0
+        code = decide(verdicts, quiet_rounds)
+        if code is None and time.monotonic() >= deadline:
+            code = at_timeout(verdicts)
+        if code is not None:
+            return CheckResult(code, list(verdicts.values()), _error(watcher))
+        pause = min(watcher.settings.probe.interval_s, max(0.0, deadline - time.monotonic()))
+        await asyncio.sleep(pause)
 
 
 def _error(watcher: Watcher) -> str | None:

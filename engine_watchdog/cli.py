@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,10 +23,13 @@ from engine_watchdog.config import (
     SettingsError,
     WatchSettings,
     normalise_url,
+    parse_actions,
     validate,
 )
 from engine_watchdog.detector import DetectorSettings
 from engine_watchdog.engines import PROFILES
+from engine_watchdog.recovery.history import RateLimit
+from engine_watchdog.supervisor import PolicySettings
 
 EXIT_USAGE = 64
 F = TypeVar("F", bound=Callable[..., Any])
@@ -87,26 +91,183 @@ def probe_options(func: F) -> F:
             show_default=True,
             help="Timeout of one /metrics or /health request.",
         ),
+        click.option(
+            "--fast-stall-seconds",
+            type=float,
+            default=10.0,
+            envvar=_env("fast-stall-seconds"),
+            show_default=True,
+            help="Stalled this soon with strong evidence (stopped process, GPU spin, canary).",
+        ),
+        click.option(
+            "--canary/--no-canary",
+            default=True,
+            envvar=_env("canary"),
+            show_default=True,
+            help="Send a 1-token request when in doubt.",
+        ),
+        click.option(
+            "--canary-after",
+            type=float,
+            default=5.0,
+            envvar=_env("canary-after"),
+            show_default=True,
+            help="Send a canary once progress has been flat this long with work present.",
+        ),
+        click.option(
+            "--idle-canary-interval",
+            type=float,
+            default=60.0,
+            envvar=_env("idle-canary-interval"),
+            show_default=True,
+            help="Send a canary this often while the engine looks idle.",
+        ),
+        click.option(
+            "--canary-timeout",
+            type=float,
+            default=8.0,
+            envvar=_env("canary-timeout"),
+            show_default=True,
+            help="A canary slower than this has failed.",
+        ),
+        click.option(
+            "--gpu/--no-gpu",
+            default=True,
+            envvar=_env("gpu"),
+            show_default=True,
+            help="Sample GPUs through NVML.",
+        ),
+        click.option(
+            "--pid",
+            "pids",
+            type=int,
+            multiple=True,
+            envvar=_env("pid"),
+            help="Engine process (repeatable); default: found from the URL's port.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
     return func
 
 
-def settings_from(kw: dict[str, Any], **extra: Any) -> WatchSettings:
-    return validate(
-        WatchSettings(
-            url=normalise_url(kw["url"]),
-            engine=kw["engine"],
-            probe=ProbeSettings(interval_s=kw["interval"], scrape_timeout_s=kw["scrape_timeout"]),
-            detector=DetectorSettings(
-                stall_seconds=kw["stall_seconds"],
-                suspect_seconds=kw["suspect_seconds"],
-                startup_grace_seconds=kw["startup_grace"],
-            ),
-            **extra,
-        )
+def action_options(default_actions: str) -> Callable[[F], F]:
+    """Options of the commands that may act (watch, run)."""
+    options = [
+        click.option(
+            "--action",
+            "actions",
+            multiple=True,
+            default=(default_actions,),
+            envvar=_env("action"),
+            show_default=True,
+            help="Rungs that may run: none or any of capture,abort,restart,liveness "
+            "(repeatable or comma-separated; the order is fixed).",
+        ),
+        click.option("--dry-run", is_flag=True, envvar=_env("dry-run"), help="Log actions only."),
+        click.option(
+            "--abort-grace",
+            type=float,
+            default=15.0,
+            envvar=_env("abort-grace"),
+            show_default=True,
+            help="Seconds for progress to resume after an abort.",
+        ),
+        click.option(
+            "--max-restarts",
+            type=int,
+            default=3,
+            envvar=_env("max-restarts"),
+            show_default=True,
+            help="At most this many restarts per --restart-window.",
+        ),
+        click.option(
+            "--restart-window",
+            type=float,
+            default=3600.0,
+            envvar=_env("restart-window"),
+            show_default=True,
+            help="Seconds the restart limit counts over.",
+        ),
+        click.option(
+            "--restart-backoff",
+            type=float,
+            default=30.0,
+            envvar=_env("restart-backoff"),
+            show_default=True,
+            help="Wait this, doubling per restart in the window, between restarts.",
+        ),
+        click.option(
+            "--restart-command",
+            default="",
+            envvar=_env("restart-command"),
+            help="Restart the engine with this command (split like a shell, run without one).",
+        ),
+        click.option(
+            "--incident-dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=Path("incidents"),
+            envvar=_env("incident-dir"),
+            show_default=True,
+            help="Where incident bundles and the action history go.",
+        ),
+        click.option(
+            "--engine-log",
+            type=click.Path(dir_okay=False, path_type=Path),
+            envvar=_env("engine-log"),
+            help="The engine's log file (its tail goes into bundles).",
+        ),
+        click.option("--tar", is_flag=True, envvar=_env("tar"), help="Bundles as .tar.gz."),
+    ]
+
+    def decorate(func: F) -> F:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def policy_from(kw: dict[str, Any]) -> dict[str, Any]:
+    """The WatchSettings fields that the action options fill."""
+    policy = PolicySettings(
+        actions=parse_actions(kw.pop("actions")),
+        dry_run=kw.pop("dry_run"),
+        abort_grace_s=kw.pop("abort_grace"),
+        rate_limit=RateLimit(
+            kw.pop("max_restarts"), kw.pop("restart_window"), kw.pop("restart_backoff")
+        ),
     )
+    return {
+        "policy": policy,
+        "incident_dir": kw.pop("incident_dir"),
+        "engine_log": kw.pop("engine_log"),
+        "tar": kw.pop("tar"),
+        "restart_command": tuple(shlex.split(kw.pop("restart_command"))),
+    }
+
+
+def settings_from(kw: dict[str, Any], **extra: Any) -> WatchSettings:
+    probe = ProbeSettings(
+        interval_s=kw["interval"],
+        scrape_timeout_s=kw["scrape_timeout"],
+        canary=kw["canary"],
+        canary_timeout_s=kw["canary_timeout"],
+        gpu=kw["gpu"],
+        pids=tuple(kw["pids"]),
+    )
+    detector = DetectorSettings(
+        stall_seconds=kw["stall_seconds"],
+        suspect_seconds=kw["suspect_seconds"],
+        startup_grace_seconds=kw["startup_grace"],
+        fast_stall_seconds=kw["fast_stall_seconds"],
+        canary_after_seconds=kw["canary_after"],
+        idle_canary_seconds=kw["idle_canary_interval"],
+    )
+    settings = WatchSettings(
+        url=normalise_url(kw["url"]), engine=kw["engine"], probe=probe, detector=detector, **extra
+    )
+    return validate(settings)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -137,12 +298,40 @@ def cli(verbose: bool) -> None:
     envvar=_env("record"),
     help="Append every observation to this JSON Lines trace.",
 )
+@action_options("capture")
 def watch(listen: str, json_lines: bool, record: Path | None, **kw: Any) -> None:
-    """Watch an engine; print every state transition."""
+    """Watch an engine; print every state transition; act on stalls (--action)."""
     from engine_watchdog.runner import run_watch
 
-    settings = settings_from(kw, listen=listen or None, json_lines=json_lines, record=record)
+    policy = policy_from(kw)
+    settings = settings_from(
+        kw, listen=listen or None, json_lines=json_lines, record=record, **policy
+    )
     sys.exit(asyncio.run(run_watch(settings)))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@probe_options
+@click.option(
+    "--listen",
+    default="127.0.0.1:9400",
+    envvar=_env("listen"),
+    show_default=True,
+    help="host:port of the watchdog's own endpoints ('' for none).",
+)
+@click.option("--json", "json_lines", is_flag=True, help="JSON lines.")
+@action_options("capture,abort,restart")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(listen: str, json_lines: bool, command: tuple[str, ...], **kw: Any) -> None:
+    """Start the engine (the COMMAND after --), watch it, and restart it when it hangs.
+
+    For bare metal and Slurm: engine-watchdog run http://127.0.0.1:8000 -- vllm serve MODEL
+    """
+    from engine_watchdog.runner import run_watch
+
+    policy = policy_from(kw)
+    settings = settings_from(kw, listen=listen or None, json_lines=json_lines, **policy)
+    sys.exit(asyncio.run(run_watch(settings, command=list(command))))
 
 
 @cli.command()
@@ -173,7 +362,7 @@ def check(timeout: float | None, as_json: bool, **kw: Any) -> None:
 def check_line(doc: dict[str, Any]) -> str:
     if doc["error"]:
         return f"{doc['state']}: {doc['error']}"
-    text = doc["state"] + (f" ({doc['cause']})" if doc["cause"] else "")
+    text = str(doc["state"]) + (f" ({doc['cause']})" if doc["cause"] else "")
     return text + f", {doc['seconds_without_progress']:.1f} s without progress"
 
 

@@ -6,7 +6,10 @@ import click
 
 
 def register(group: click.Group) -> None:
+    from engine_watchdog.capture.cli import capture_command, doctor_command
+    from engine_watchdog.demo import demo
+    from engine_watchdog.sim.cli import sim_command
     from engine_watchdog.tracecmd import record, replay
 
-    for command in (record, replay):
+    for command in (record, replay, sim_command, capture_command, doctor_command, demo):
         group.add_command(command)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from engine_watchdog.detector import DetectorSettings
+from engine_watchdog.supervisor import RUNGS, PolicySettings
 
 
 class SettingsError(ValueError):
@@ -23,6 +24,16 @@ class ProbeSettings:
     """A /metrics body larger than this is an error (protects the watchdog's memory)."""
     health: bool = True
     """Also poll the engine's /health (tells a dead engine from an unreachable one)."""
+    canary: bool = True
+    """Send a 1-token canary request when in doubt (some operators forbid synthetic traffic)."""
+    canary_timeout_s: float = 8.0
+    """A canary that takes longer than this has failed."""
+    procs: bool = True
+    """Sample the engine's processes (state, CPU time) from the process table."""
+    gpu: bool = True
+    """Sample the GPUs through NVML (off by itself, said once, where there is none)."""
+    pids: tuple[int, ...] = ()
+    """Engine processes given explicitly; empty: found from the server's port and titles."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,29 @@ class WatchSettings:
     """Print each transition as a JSON line instead of a readable line."""
     record: Path | None = None
     """Append every observation to this JSON Lines trace (replayable)."""
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    """What to do about a stall (the escalation ladder)."""
+    incident_dir: Path = Path("incidents")
+    """Where incident bundles and the action history go."""
+    engine_log: Path | None = None
+    """The engine's log file; its tail goes into bundles."""
+    tar: bool = False
+    """Write bundles as .tar.gz."""
+    restart_command: tuple[str, ...] = ()
+    """Restart the engine with this command (no shell) instead of killing its engine core."""
+
+
+def parse_actions(values: tuple[str, ...]) -> frozenset[str]:
+    """--action values (repeatable, comma lists) -> rungs; 'none' alone means no action."""
+    names = {n.strip() for v in values for n in v.split(",") if n.strip()}
+    unknown = names - set(RUNGS) - {"none"}
+    if unknown:
+        raise SettingsError(
+            f"--action {', '.join(sorted(unknown))}: choose from none, {', '.join(RUNGS)}"
+        )
+    if "none" in names and len(names) > 1:
+        raise SettingsError("--action none cannot be combined with other actions")
+    return frozenset(names - {"none"})
 
 
 def normalise_url(url: str) -> str:
@@ -70,10 +104,16 @@ def validate(settings: WatchSettings) -> WatchSettings:
         raise SettingsError("--interval must be > 0 seconds")
     if d.stall_seconds <= 0 or d.suspect_seconds < 0:
         raise SettingsError("--stall-seconds must be > 0")
-    if d.suspect_seconds > d.stall_seconds:
-        raise SettingsError("--suspect-seconds must not exceed --stall-seconds")
     if d.stall_seconds < 2 * p.interval_s:
         raise SettingsError("--stall-seconds must be at least twice --interval")
+    if p.canary_timeout_s <= 0:
+        raise SettingsError("--canary-timeout must be > 0 seconds")
     if settings.listen is not None:
         parse_listen(settings.listen)
-    return settings
+    # Earlier thresholds beyond the stall window mean nothing: fold them into it.
+    detector = replace(
+        d,
+        suspect_seconds=min(d.suspect_seconds, d.stall_seconds),
+        fast_stall_seconds=min(d.fast_stall_seconds, d.stall_seconds),
+    )
+    return replace(settings, detector=detector)

@@ -7,23 +7,24 @@ and a verdict on a trace is reproducible bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from engine_watchdog.model import (
+    CanaryObs,
     EngineSample,
+    GpuObs,
     HealthObs,
     Observation,
+    ProcsObs,
     ScrapeObs,
     State,
     Transition,
     Verdict,
 )
+from engine_watchdog.signals import Signals
 
 TARGET = "-"
 """Pseudo-engine that carries the verdict before any rank has been seen."""
-
-# Scrape errors that mean "the API answers nothing in time", as opposed to "nothing is there".
-_TIMEOUTS = frozenset({"timeout"})
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,13 @@ class DetectorSettings:
     """Seconds without progress, while work is present, before the verdict is suspect."""
     startup_grace_seconds: float = 10.0
     """No stalled verdict until this long after the first good scrape."""
+    fast_stall_seconds: float = 10.0
+    """With strong evidence (engine stopped, GPU spin-waiting, a failed canary): stalled after
+    this many seconds without progress instead of --stall-seconds."""
+    canary_after_seconds: float = 5.0
+    """Ask for a canary once progress has been flat this long with work present."""
+    idle_canary_seconds: float = 60.0
+    """Ask for a canary this often while the engine looks idle (a wedged idle engine looks idle)."""
 
 
 @dataclass
@@ -44,7 +52,8 @@ class _Track:
     last: EngineSample | None = None
     quiet_since: float | None = None
     last_progress_t: float | None = None
-    evidence: tuple[str, ...] = field(default_factory=tuple)
+    wedged: bool = False
+    note: str | None = None
 
 
 class Detector:
@@ -52,12 +61,14 @@ class Detector:
 
     def __init__(self, settings: DetectorSettings | None = None) -> None:
         self.settings = settings or DetectorSettings()
+        self.signals = Signals()
         self._tracks: dict[str, _Track] = {TARGET: _Track(Verdict(0.0, TARGET, State.STARTING))}
         self._first_good_t: float | None = None
         self._last_t: float | None = None
         self._unreachable_since: float | None = None
+        self._reachable_since: float | None = None
         self._health_timeout_since: float | None = None
-        self._dead_since: float | None = None
+        self._dead: str | None = None
 
     @property
     def verdicts(self) -> dict[str, Verdict]:
@@ -70,111 +81,167 @@ class Detector:
             return []  # out of order: time must not run backwards inside a verdict
         self._last_t = obs.t
         if isinstance(obs, ScrapeObs):
-            return self._on_scrape(obs)
+            return self._on_scrape_error(obs) if obs.error else self._on_scrape(obs)
         if isinstance(obs, HealthObs):
             return self._on_health(obs)
-        return []
+        if isinstance(obs, CanaryObs):
+            self._on_canary(obs)
+        if isinstance(obs, ProcsObs | GpuObs | CanaryObs):
+            self.signals.add(obs)
+        return self._reevaluate(obs.t)
 
-    # -- scrapes ---------------------------------------------------------------------------
+    def canary_due(self, t: float) -> str | None:
+        """Why a canary request would help now ("flat" or "idle"), or None."""
+        if self._first_good_t is None or self._unreachable_since is not None:
+            return None
+        tracks = [k for k in self._tracks.values() if k.last is not None]
+        last_sent = self.signals.last_canary_sent()
+        for k in tracks:
+            if k.quiet_since is not None and k.verdict.state is not State.STALLED:
+                flat_long = t - k.quiet_since >= self.settings.canary_after_seconds
+                if flat_long and (last_sent is None or last_sent < k.quiet_since):
+                    return "flat"
+        all_idle = bool(tracks) and all(k.verdict.state is State.IDLE for k in tracks)
+        idle_due = last_sent is None or t - last_sent >= self.settings.idle_canary_seconds
+        return "idle" if all_idle and idle_due else None
+
+    # -- observations ----------------------------------------------------------------------
 
     def _on_scrape(self, obs: ScrapeObs) -> list[Transition]:
-        if obs.error is not None:
-            return self._on_scrape_error(obs)
         if self._first_good_t is None:
             self._first_good_t = obs.t
             self._tracks.pop(TARGET, None)
         reconnected = self._unreachable_since is not None
+        if reconnected or self._reachable_since is None:
+            self._reachable_since = obs.t
         self._unreachable_since = None
         changes = []
         for sample in obs.engines:
-            track = self._tracks.get(sample.engine)
-            if track is None:
-                track = _Track(Verdict(obs.t, sample.engine, State.STARTING))
-                self._tracks[sample.engine] = track
-            changes += self._judge(track, sample, obs.t, reconnected)
+            track = self._tracks.setdefault(
+                sample.engine, _Track(Verdict(obs.t, sample.engine, State.STARTING))
+            )
+            self._update(track, sample, obs.t, reconnected)
+            changes += self._evaluate(track, obs.t)
         return changes
 
-    def _judge(
-        self, track: _Track, s: EngineSample, t: float, reconnected: bool
-    ) -> list[Transition]:
-        prev = track.last
+    def _update(self, track: _Track, s: EngineSample, t: float, reconnected: bool) -> None:
+        """Fold a new sample into the rank's memory: movement, restarts, the quiet clock."""
+        moved, reset = _movement(track.last, s)
         track.last = s
-        moved, reset = _movement(prev, s)
-        work = (s.running or 0) > 0 or (s.waiting or 0) > 0
-        if self._dead_since is not None:
-            # A dying API server still serves its frozen metrics for a few seconds.
-            return self._set(track, t, State.STALLED, "engine-dead")
         if reset:
-            track.evidence = ("counters went backwards: the engine restarted",)
+            track.note = "counters went backwards: the engine restarted"
         if moved or reset:
             track.last_progress_t = t
+            track.wedged = False
+        work = (s.running or 0) > 0 or (s.waiting or 0) > 0
         if s.asleep or not work:
             track.quiet_since = None
-            state = State.SLEEPING if s.asleep else State.IDLE
-            return self._set(track, t, state, None)
-        if moved or reset or reconnected or track.quiet_since is None:
+        elif moved or reset or reconnected or track.quiet_since is None:
             # A gap in observation is not evidence of a stall: restart the clock after one.
             track.quiet_since = t
-        flat = t - track.quiet_since
-        state, cause = self._busy_state(s, t, flat)
-        return self._set(track, t, state, cause, flat)
-
-    def _busy_state(self, s: EngineSample, t: float, flat: float) -> tuple[State, str | None]:
-        assert self._first_good_t is not None
-        graced = t - self._first_good_t >= self.settings.startup_grace_seconds
-        if flat >= self.settings.stall_seconds and graced:
-            admission = (s.running or 0) == 0 and (s.waiting or 0) > 0
-            return State.STALLED, "admission-stall" if admission else "no-progress"
-        if flat >= self.settings.suspect_seconds:
-            return State.SUSPECT, "no-progress"
-        return State.PROGRESSING, None
 
     def _on_scrape_error(self, obs: ScrapeObs) -> list[Transition]:
         if self._unreachable_since is None:
             self._unreachable_since = obs.t
         if self._first_good_t is None:
             track = self._tracks[TARGET]
-            return self._set(track, obs.t, State.STARTING, obs.error, detail=obs.detail)
+            return self._set(track, obs.t, State.STARTING, obs.error, note=obs.detail)
         state, cause = State.UNREACHABLE, obs.error
-        if self._dead_since is not None:
+        if self._dead is not None:
             state, cause = State.STALLED, "engine-dead"
         elif self._api_unresponsive(obs):
             state, cause = State.STALLED, "api-unresponsive"
         changes = []
         for track in self._tracks.values():
-            changes += self._set(track, obs.t, state, cause, detail=obs.detail)
+            changes += self._set(track, obs.t, state, cause, note=obs.detail)
         return changes
 
     def _api_unresponsive(self, obs: ScrapeObs) -> bool:
         """Both /metrics and /health time out for the whole stall window."""
-        if obs.error not in _TIMEOUTS or self._health_timeout_since is None:
+        if obs.error != "timeout" or self._health_timeout_since is None:
             return False
         assert self._unreachable_since is not None
         since = max(self._unreachable_since, self._health_timeout_since)
         return obs.t - since >= self.settings.stall_seconds
 
-    # -- health ----------------------------------------------------------------------------
-
     def _on_health(self, obs: HealthObs) -> list[Transition]:
-        if obs.error in _TIMEOUTS:
-            if self._health_timeout_since is None:
-                self._health_timeout_since = obs.t
+        if obs.error == "timeout":
+            self._health_timeout_since = self._health_timeout_since or obs.t
         else:
             self._health_timeout_since = None
         if obs.status == 503 and self._first_good_t is not None:
             # vLLM answers 503 only once the engine core is known dead (FACTS.md).
-            self._dead_since = self._dead_since or obs.t
-            changes = []
-            for track in self._tracks.values():
-                changes += self._set(
-                    track, obs.t, State.STALLED, "engine-dead", detail="/health 503"
-                )
-            return changes
+            self._dead = "/health answered 503"
+            return self._reevaluate(obs.t, force=True)
         if obs.status == 200:
-            self._dead_since = None
+            self._dead = None
         return []
 
-    # -- bookkeeping -----------------------------------------------------------------------
+    def _on_canary(self, obs: CanaryObs) -> None:
+        tracks = [k for k in self._tracks.values() if k.last is not None]
+        if obs.ok and len(tracks) == 1 and tracks[0].quiet_since is not None:
+            # Proof of life. With several ranks the canary's own token shows which one lived.
+            tracks[0].quiet_since = obs.t
+            tracks[0].note = f"canary completed in {obs.latency_s or 0:.1f} s"
+        for k in tracks:
+            if obs.ok:
+                k.wedged = False
+            elif (
+                obs.is_evidence
+                and k.verdict.state is State.IDLE
+                and obs.sent >= (k.verdict.since or 0)
+            ):
+                k.wedged = True
+                k.note = f"canary failed ({obs.error}) while the engine looked idle"
+
+    # -- judgement -------------------------------------------------------------------------
+
+    def _reevaluate(self, t: float, force: bool = False) -> list[Transition]:
+        if self._unreachable_since is not None and not force:
+            return []  # the last scrape failed: its verdict stands until the next one
+        changes = []
+        for track in self._tracks.values():
+            if track.last is not None:
+                changes += self._evaluate(track, t)
+        return changes
+
+    def _evaluate(self, track: _Track, t: float) -> list[Transition]:
+        assert track.last is not None and self._first_good_t is not None
+        s = track.last
+        # Process samples older than the engine's return say nothing about the new engine.
+        gone = self.signals.engine_gone(self._reachable_since or 0.0)
+        dead = self._dead or (gone.evidence if gone else None)
+        if dead:
+            return self._set(track, t, State.STALLED, "engine-dead", note=dead)
+        if s.asleep:
+            return self._set(track, t, State.SLEEPING, None)
+        if track.quiet_since is None:
+            if track.wedged:
+                return self._set(track, t, State.STALLED, "wedged-idle")
+            return self._set(track, t, State.IDLE, None)
+        if self.signals.gpu_computing():
+            track.quiet_since = t  # "the GPU computes" is a sign of life (long prefill)
+        flat = t - track.quiet_since
+        state, cause, note = self._busy_state(s, track.quiet_since, t)
+        return self._set(track, t, state, cause, flat, note)
+
+    def _busy_state(
+        self, s: EngineSample, since: float, t: float
+    ) -> tuple[State, str | None, str | None]:
+        assert self._first_good_t is not None
+        cfg, flat = self.settings, t - since
+        graced = t - self._first_good_t >= cfg.startup_grace_seconds
+        strong = self.signals.strong(since, t) if flat >= cfg.fast_stall_seconds else None
+        if graced and (flat >= cfg.stall_seconds or strong):
+            finding = strong or self.signals.cause(since, t)
+            if finding and finding.cause != "no-progress":
+                return State.STALLED, finding.cause, finding.evidence
+            admission = (s.running or 0) == 0 and (s.waiting or 0) > 0
+            note = finding.evidence if finding else None
+            return State.STALLED, "admission-stall" if admission else "no-progress", note
+        if flat >= cfg.suspect_seconds:
+            return State.SUSPECT, "no-progress", None
+        return State.PROGRESSING, None, None
 
     def _set(
         self,
@@ -183,11 +250,11 @@ class Detector:
         state: State,
         cause: str | None,
         flat: float = 0.0,
-        detail: str | None = None,
+        note: str | None = None,
     ) -> list[Transition]:
         old = track.verdict
-        evidence = track.evidence + ((detail,) if detail else ())
         changed = old.state != state or old.cause != cause
+        notes = tuple(n for n in (track.note, note) if n)
         track.verdict = replace(
             old,
             t=t,
@@ -196,9 +263,9 @@ class Detector:
             since=t if changed else old.since,
             seconds_without_progress=round(flat, 3),
             last_progress_t=track.last_progress_t,
-            evidence=evidence[-5:],
+            evidence=notes if changed or notes else old.evidence,
         )
-        track.evidence = ()
+        track.note = None
         return [Transition(old.state, track.verdict)] if changed else []
 
 

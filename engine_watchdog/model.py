@@ -108,6 +108,20 @@ class CanaryObs:
     ok: bool
     latency_s: float | None = None
     error: str | None = None
+    """timeout, disconnected, http-5xx: evidence; unusable:... (4xx, no model): ignored."""
+    sent_t: float | None = None
+    """When the request was sent (defaults to t - latency_s)."""
+
+    @property
+    def sent(self) -> float:
+        if self.sent_t is not None:
+            return self.sent_t
+        return self.t - (self.latency_s or 0.0)
+
+    @property
+    def is_evidence(self) -> bool:
+        """A failure that says something about the engine (not about the canary itself)."""
+        return self.ok or not (self.error or "").startswith("unusable")
 
 
 Observation = ScrapeObs | HealthObs | ProcsObs | GpuObs | CanaryObs

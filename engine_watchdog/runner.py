@@ -15,17 +15,25 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
+from engine_watchdog.capture.bundle import BundleSettings
+from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.config import WatchSettings, parse_listen
 from engine_watchdog.model import Transition, Verdict
+from engine_watchdog.recovery.actions import EngineActions, RecoverySettings
+from engine_watchdog.recovery.history import ActionHistory
+from engine_watchdog.recovery.supervise import ChildEngine
 from engine_watchdog.report.console import transition_json, transition_line, verdict_dict
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.server import make_app, start_server
+from engine_watchdog.supervisor import Outcome, Supervisor
 from engine_watchdog.trace import TraceWriter
 from engine_watchdog.watcher import Reporter, Watcher
 
 log = logging.getLogger(__name__)
 EXIT_TASK_DIED = 70  # EX_SOFTWARE
+HISTORY_FILE = "actions.jsonl"
 
 
 class ConsoleReporter:
@@ -100,35 +108,133 @@ async def run_watch(
     stop: asyncio.Event | None = None,
     out: Callable[[str], None] = print,
     extra_reporters: list[Reporter] | None = None,
+    command: list[str] | None = None,
+    echo_engine: bool = True,
 ) -> int:
+    """Watch one engine until stopped; with ``command``, start and supervise it too."""
     stop = stop or _stop_on_signals()
     metrics = WatchdogMetrics()
     async with aiohttp.ClientSession() as session:
         watcher = Watcher(settings, session)
-        reporters: list[Reporter] = [
-            ConsoleReporter(settings.json_lines, out),
-            MetricsReporter(metrics, watcher),
-            *(extra_reporters or []),
-        ]
         writer = TraceWriter(settings.record) if settings.record else None
         if writer:
             watcher.listeners.append(writer.write)
-        server = None
-        if settings.listen:
-            app = make_app(
-                metrics.registry,
-                lambda: status_snapshot(watcher),
-                live=lambda: (True, "watching"),
-                ready=lambda: (watcher.rounds > 0, f"{watcher.rounds} probe rounds"),
-            )
-            server = await start_server(app, *parse_listen(settings.listen))
+        tasks: dict[str, Coroutine[Any, Any, None]] = {}
+        child = await _start_child(settings, command, tasks, echo_engine)
+        supervisor = _supervisor(settings, watcher, metrics, child)
+        reporters: list[Reporter] = [
+            ConsoleReporter(settings.json_lines, out),
+            MetricsReporter(metrics, watcher),
+            *([supervisor] if supervisor else []),
+            *(extra_reporters or []),
+        ]
+        tasks["probe-loop"] = probe_loop(watcher, reporters)
+        server = await _serve(settings, metrics, watcher, supervisor)
         try:
-            return await run_guarded({"probe-loop": probe_loop(watcher, reporters)}, stop)
+            return await run_guarded(tasks, stop)
         finally:
-            if server:
-                await server.cleanup()
-            if writer:
-                writer.close()
+            await _shutdown(watcher, supervisor, child, server, writer)
+
+
+async def _start_child(
+    settings: WatchSettings,
+    command: list[str] | None,
+    tasks: dict[str, Coroutine[Any, Any, None]],
+    echo: bool,
+) -> ChildEngine | None:
+    if not command:
+        return None
+    child = ChildEngine(
+        command,
+        settings.engine_log or settings.incident_dir / "engine.log",
+        ActionHistory(settings.incident_dir / HISTORY_FILE),
+        settings.url,
+        settings.policy.rate_limit,
+        echo,
+    )
+    await child.start()
+    tasks["engine-exits"] = child.watch_exits()
+    return child
+
+
+def _supervisor(
+    settings: WatchSettings, watcher: Watcher, metrics: WatchdogMetrics, child: ChildEngine | None
+) -> Supervisor | None:
+    if not settings.policy.actions:
+        return None
+    bundle = BundleSettings(
+        settings.incident_dir,
+        engine=settings.engine,
+        engine_log=settings.engine_log or (child.log_path if child else None),
+        tar=settings.tar,
+    )
+    actions = EngineActions(
+        watcher,
+        RecoverySettings(bundle, settings.restart_command),
+        steps=lambda destructive: capture_steps(destructive, watcher.gpu),
+        restarter=child.restart if child else None,
+        on_bundle=lambda target, cause: metrics.incidents.labels(target, cause).inc(),
+    )
+    history = ActionHistory(settings.incident_dir / HISTORY_FILE)
+    return Supervisor(settings.policy, actions, history, [ActionMetrics(metrics).on_action])
+
+
+async def _serve(
+    settings: WatchSettings,
+    metrics: WatchdogMetrics,
+    watcher: Watcher,
+    supervisor: Supervisor | None,
+) -> web.AppRunner | None:
+    if not settings.listen:
+        return None
+
+    def live() -> tuple[bool, str]:
+        if supervisor is not None and supervisor.liveness_failed:
+            return False, "the recovery policy says the engine must be restarted"
+        return True, "watching"
+
+    app = make_app(
+        metrics.registry,
+        lambda: status_snapshot(watcher),
+        live=live,
+        ready=lambda: (watcher.rounds > 0, f"{watcher.rounds} probe rounds"),
+    )
+    return await start_server(app, *parse_listen(settings.listen))
+
+
+async def _shutdown(
+    watcher: Watcher,
+    supervisor: Supervisor | None,
+    child: ChildEngine | None,
+    server: web.AppRunner | None,
+    writer: TraceWriter | None,
+) -> None:
+    watcher.close()
+    if supervisor and supervisor.incident and not supervisor.incident.done():
+        supervisor.incident.cancel()
+        await asyncio.gather(supervisor.incident, return_exceptions=True)
+    if child:
+        await child.stop()
+    if server:
+        await server.cleanup()
+    if writer:
+        writer.close()
+
+
+class ActionMetrics:
+    """Every action: a metric before (nothing) and after (result), and the restart-limit gauge."""
+
+    def __init__(self, metrics: WatchdogMetrics) -> None:
+        self.metrics = metrics
+
+    def on_action(self, target: str, action: str, phase: str, outcome: Outcome | None) -> None:
+        if phase != "end" or outcome is None:
+            return
+        result = outcome.result.replace("-", "_")
+        self.metrics.actions.labels(target, action, result).inc()
+        if action == "restart":
+            limited = 1 if outcome.result == "rate_limited" else 0
+            self.metrics.restart_limit.labels(target).set(limited)
 
 
 def _stop_on_signals() -> asyncio.Event:

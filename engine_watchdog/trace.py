@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -46,6 +47,37 @@ def encode_health(obs: HealthObs) -> dict[str, Any]:
     if obs.error is not None:
         rec["error"] = obs.error
     return rec
+
+
+def encode_canary(obs: CanaryObs) -> dict[str, Any]:
+    return {
+        "v": VERSION,
+        "t": obs.t,
+        "kind": "canary",
+        "ok": obs.ok,
+        "latency_s": obs.latency_s,
+        "error": obs.error,
+        "sent_t": obs.sent,
+    }
+
+
+def encode_gpu(obs: GpuObs) -> dict[str, Any]:
+    gpus = [{**asdict(g), "pids": list(g.pids)} for g in obs.gpus]
+    return {"v": VERSION, "t": obs.t, "kind": "gpu", "gpus": gpus}
+
+
+def encode_procs(obs: ProcsObs) -> dict[str, Any]:
+    return {"v": VERSION, "t": obs.t, "kind": "procs", "procs": [asdict(p) for p in obs.procs]}
+
+
+def encode(obs: HealthObs | CanaryObs | GpuObs | ProcsObs) -> dict[str, Any]:
+    if isinstance(obs, HealthObs):
+        return encode_health(obs)
+    if isinstance(obs, CanaryObs):
+        return encode_canary(obs)
+    if isinstance(obs, GpuObs):
+        return encode_gpu(obs)
+    return encode_procs(obs)
 
 
 def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
@@ -95,6 +127,7 @@ def _proc(p: dict[str, Any]) -> ProcInfo:
         title=str(p.get("title", "")),
         state=str(p.get("state", "running")),
         cpu_s=float(p.get("cpu_s", 0.0)),
+        ns_pid=p.get("ns_pid"),
     )
 
 

@@ -7,6 +7,7 @@ one-shot check (check.py) decide what to do with the verdicts.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,11 +19,15 @@ import aiohttp
 from engine_watchdog.config import WatchSettings
 from engine_watchdog.detector import Detector
 from engine_watchdog.engines import PROFILES
-from engine_watchdog.model import HealthObs, Observation, ScrapeObs, Transition, Verdict
+from engine_watchdog.model import CanaryObs, HealthObs, Observation, ScrapeObs, Transition, Verdict
+from engine_watchdog.probes.canary import Canary
 from engine_watchdog.probes.exposition import filter_body
+from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.metrics import error_code, parse_scrape, scrape
-from engine_watchdog.trace import encode_health, encode_scrape
+from engine_watchdog.probes.procs import sample_procs_async
+from engine_watchdog.trace import encode, encode_scrape
 
+log = logging.getLogger(__name__)
 TIMELINE_SECONDS = 600.0
 """How much recorded history an incident bundle gets."""
 
@@ -40,6 +45,7 @@ class Watcher:
         settings: WatchSettings,
         session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
+        gpu: GpuProbe | None = None,
     ) -> None:
         self.settings = settings
         self.session = session
@@ -51,23 +57,47 @@ class Watcher:
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self.rounds = 0
         self.last_scrape: ScrapeObs | None = None
+        self.canary = Canary(
+            session, self.target, self.profile, settings.probe.canary_timeout_s, clock
+        )
+        self._canary_task: asyncio.Task[CanaryObs] | None = None
+        self.gpu = (
+            gpu if gpu is not None else (GpuProbe(load_nvml()) if settings.probe.gpu else None)
+        )
+        if self.gpu is not None and (reason := self.gpu.start()):
+            log.info("GPU probe off: %s", reason)
+            self.gpu = None
 
     @property
     def verdicts(self) -> dict[str, Verdict]:
         return self.detector.verdicts
 
     async def tick(self) -> list[Transition]:
-        """One probe round: scrape (and /health) concurrently, then judge in time order."""
-        probe = self.settings.probe
-        jobs = [self._scrape()]
-        if probe.health:
-            jobs.append(self._health())
-        observations = sorted(await asyncio.gather(*jobs), key=lambda o: o.t)
+        """One probe round: every probe concurrently, then judge in time order."""
+        probed = [o for o in await asyncio.gather(*self._probes()) if o is not None]
         changes: list[Transition] = []
-        for obs in observations:
+        for obs in sorted([*self._canary_result(), *probed], key=lambda o: o.t):
             changes += self.detector.feed(obs)
+        self._maybe_send_canary()
         self.rounds += 1
         return changes
+
+    def close(self) -> None:
+        if self._canary_task is not None:
+            self._canary_task.cancel()
+        if self.gpu is not None:
+            self.gpu.close()
+
+    def _probes(self) -> list[Any]:
+        probe = self.settings.probe
+        jobs: list[Any] = [self._scrape()]
+        if probe.health:
+            jobs.append(self._health())
+        if probe.procs:
+            jobs.append(self._procs())
+        if self.gpu is not None:
+            jobs.append(self._gpu(self.gpu))
+        return jobs
 
     async def _scrape(self) -> Observation:
         probe = self.settings.probe
@@ -96,8 +126,38 @@ class Watcher:
                 obs = HealthObs(t, status=resp.status)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             obs = HealthObs(t, status=None, error=error_code(exc))
-        self._remember(encode_health(obs))
+        self._remember(encode(obs))
         return obs
+
+    async def _procs(self) -> Observation:
+        pids = self.settings.probe.pids
+        obs = await sample_procs_async(
+            None if pids else self.target, pids, profile=self.profile, clock=self.clock
+        )
+        self._remember(encode(obs))
+        return obs
+
+    async def _gpu(self, gpu: GpuProbe) -> Observation | None:
+        obs = await asyncio.to_thread(gpu.sample)
+        if obs is not None:
+            self._remember(encode(obs))
+        return obs
+
+    def _canary_result(self) -> list[Observation]:
+        task = self._canary_task
+        if task is None or not task.done():
+            return []
+        self._canary_task = None
+        obs = task.result()
+        self._remember(encode(obs))
+        return [obs]
+
+    def _maybe_send_canary(self) -> None:
+        """Start a canary in the background when the detector is in doubt (one at a time)."""
+        if not self.settings.probe.canary or self._canary_task is not None:
+            return
+        if self.detector.canary_due(self.clock()) is not None:
+            self._canary_task = asyncio.create_task(self.canary.send(), name="canary")
 
     def _remember(self, rec: dict[str, Any]) -> None:
         """Keep the recent timeline (for bundles) and pass the record to trace writers."""

@@ -1,0 +1,209 @@
+"""``engine-watchdog demo``: the whole story on the embedded simulator, in about a minute.
+
+A simulated vLLM under streaming load; the seed's hang (the last requests stop producing tokens,
+/health stays 200); the watchdog's verdict; the incident bundle; the abort (clients answered);
+the restart; the engine serving again. Everything it starts, it stops; it ends by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import click
+
+from engine_watchdog.config import ProbeSettings, WatchSettings, validate
+from engine_watchdog.detector import TARGET, DetectorSettings
+from engine_watchdog.loadgen import StreamingLoad
+from engine_watchdog.model import State, Transition, Verdict
+from engine_watchdog.report.console import transition_line
+from engine_watchdog.runner import run_watch
+from engine_watchdog.sim.launcher import free_port
+from engine_watchdog.supervisor import PolicySettings
+
+MODEL = "demo-model"
+
+
+@dataclass
+class Story:
+    """What the demo saw, with monotonic times relative to its start."""
+
+    start: float = field(default_factory=time.monotonic)
+    marks: dict[str, float] = field(default_factory=dict)
+    stall: Verdict | None = None
+    recovered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def now(self) -> float:
+        return time.monotonic() - self.start
+
+    def say(self, text: str) -> None:
+        click.echo(f"[{self.now():6.1f}s] {text}")
+
+    def mark(self, name: str, text: str) -> None:
+        self.marks.setdefault(name, self.now())
+        self.say(text)
+
+
+class StoryReporter:
+    """Prints the watchdog's transitions into the story and notes stall and recovery."""
+
+    def __init__(self, story: Story) -> None:
+        self.story = story
+
+    def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
+        for change in changes:
+            if change.new.engine == TARGET:
+                continue  # before the first scrape: the engine is still starting
+            self.story.say("watchdog: " + transition_line(change, "").split(" ", 2)[2])
+            if change.new.state is State.STALLED and self.story.stall is None:
+                self.story.stall = change.new
+                self.story.marks["stalled"] = self.story.now()
+            healthy = change.new.state in (State.PROGRESSING, State.IDLE)
+            if self.story.stall is not None and healthy and "restart" in self.story.marks:
+                self.story.marks.setdefault("back", self.story.now())
+                self.story.recovered.set()
+
+
+class ActionLog(logging.Handler):
+    def __init__(self, story: Story) -> None:
+        super().__init__(logging.WARNING)
+        self.story = story
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith("action restart: ok"):
+            self.story.marks.setdefault("restart", self.story.now())
+        self.story.say("watchdog: " + text)
+
+
+def demo_settings(url: str, incident_dir: Path, stall_seconds: float) -> WatchSettings:
+    return validate(
+        WatchSettings(
+            url=url,
+            probe=ProbeSettings(gpu=False),
+            detector=DetectorSettings(stall_seconds=stall_seconds, startup_grace_seconds=0),
+            listen=None,
+            policy=PolicySettings(
+                actions=frozenset({"capture", "abort", "restart"}), abort_grace_s=5.0
+            ),
+            incident_dir=incident_dir,
+        )
+    )
+
+
+async def wait_healthy(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(
+                    url + "/health", timeout=aiohttp.ClientTimeout(total=2)
+                ) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"the simulator at {url} did not become healthy in {timeout_s:.0f} s")
+
+
+async def post(url: str, body: dict[str, object], timeout_s: float = 10.0) -> int:
+    async with aiohttp.ClientSession() as session:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.post(url, json=body, timeout=timeout) as resp:
+            await resp.read()
+            return resp.status
+
+
+async def inject_hang(story: Story, url: str, load: StreamingLoad) -> None:
+    await load.wait_for(chunks=100, in_flight=4, timeout=30)
+    story.say(f"load: {load.in_flight} streaming requests in flight, {load.chunks} chunks so far")
+    await post(url + "/sim/fault", {"fault": "freeze-last"})
+    load.stop_new()
+    story.mark(
+        "fault", "fault: freeze-last armed, clients stop sending: the last request will hang"
+    )
+
+
+async def serving_again(story: Story, url: str) -> bool:
+    await wait_healthy(url, 30)
+    body = {"model": MODEL, "prompt": "still there?", "max_tokens": 8}
+    status = await post(url + "/v1/completions", body)
+    story.mark("served", f"client: a new completion after the restart answered HTTP {status}")
+    return status == 200
+
+
+async def run_demo(stall_seconds: float, incident_dir: Path) -> int:
+    story = Story()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # VLLM_SERVER_DEV_MODE=1 gives the engine vLLM's abort-all endpoint: the abort rung runs.
+    command = ["env", "VLLM_SERVER_DEV_MODE=1", sys.executable, "-m", "engine_watchdog.sim"]
+    command += ["--port", str(port), "--served-model-name", MODEL, "--tokens-per-second", "25"]
+    logging.getLogger("engine_watchdog.actions").addHandler(ActionLog(story))
+    logging.getLogger("engine_watchdog.actions").propagate = False
+    stop = asyncio.Event()
+    settings = demo_settings(url, incident_dir, stall_seconds)
+    story.say(f"starting a simulated vLLM on {url} under engine-watchdog run (supervise mode)")
+    watchdog = asyncio.create_task(
+        run_watch(
+            settings, stop, lambda _: None, [StoryReporter(story)], command, echo_engine=False
+        )
+    )
+    load = StreamingLoad(url, clients=6, max_tokens=80, model=MODEL, request_timeout_s=120)
+    ok = False
+    try:
+        await wait_healthy(url, 30)
+        load.start()
+        await inject_hang(story, url, load)
+        await asyncio.wait_for(story.recovered.wait(), stall_seconds + 90)
+        ok = await serving_again(story, url)
+    finally:
+        outcome = await load.stop(drain_s=10.0)
+        stop.set()
+        await asyncio.wait_for(watchdog, 60)
+    return report(story, outcome, incident_dir, ok)
+
+
+def report(story: Story, outcome: object, incident_dir: Path, ok: bool) -> int:
+    m = story.marks
+    click.echo("\n== summary ==")
+    if story.stall is not None and "fault" in m and "stalled" in m:
+        v = story.stall
+        since = v.last_progress_t
+        latency = f"{v.t - since:.1f} s after the last progress" if since else "n/a"
+        after_fault = m["stalled"] - m["fault"]
+        click.echo(f"stall verdict: {v.cause}, {latency} ({after_fault:.1f} s after the fault)")
+    if "restart" in m and "back" in m:
+        click.echo(f"engine back: {m['back'] - m['restart']:.1f} s after the restart")
+    bundles = sorted(p for p in incident_dir.glob("*") if p.is_dir() and not p.name.startswith("."))
+    if bundles:
+        click.echo(f"incident bundle: {bundles[-1]}  (summary.md, manifest.json, stacks/)")
+    click.echo(f"clients: {outcome}")
+    hanging = getattr(outcome, "hanging", 1)
+    passed = ok and hanging == 0 and story.stall is not None
+    click.echo("demo: OK" if passed else "demo: FAILED")
+    return 0 if passed else 1
+
+
+@click.command()
+@click.option("--stall-seconds", type=float, default=30.0, show_default=True)
+@click.option(
+    "--incident-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("incidents/demo"),
+    show_default=True,
+)
+def demo(stall_seconds: float, incident_dir: Path) -> None:
+    """Run the whole story on the embedded simulator: hang, verdict, bundle, restart."""
+    try:
+        code = asyncio.run(run_demo(stall_seconds, incident_dir))
+    except TimeoutError as exc:
+        click.echo(f"demo: FAILED: {exc}", err=True)
+        code = 1
+    sys.exit(code)

@@ -1,0 +1,64 @@
+"""Abort in-flight requests through the engine's own endpoints, where it offers them.
+
+vLLM (FACTS.md, vllm/entrypoints/rl/online/api_router.py and scale_out/...):
+- ``VLLM_SERVER_DEV_MODE=1``: ``POST /abort_requests {}`` aborts every in-flight request;
+- ``--enable-scale-out``: ``POST /inference/v1/abort_requests {"request_ids": [...]}`` needs the
+  ids (we know our own canaries'); without the flag it answers 403.
+An abort ends the clients' streams in the API server even when the engine core is blocked, so
+clients are answered; it cannot unblock the engine, so a stall that persists escalates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import aiohttp
+
+from engine_watchdog.engines.profile import EngineProfile
+from engine_watchdog.probes.metrics import error_code
+
+
+@dataclass(frozen=True)
+class AbortOutcome:
+    result: str
+    """ok | not-available | failed"""
+    detail: str
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: dict[str, object], timeout_s: float
+) -> tuple[int | None, str]:
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.post(url, json=body, timeout=timeout) as resp:
+            return resp.status, (await resp.text())[:200]
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        return None, error_code(exc)
+
+
+async def abort_requests(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    profile: EngineProfile,
+    known_ids: list[str],
+    timeout_s: float = 5.0,
+) -> AbortOutcome:
+    """Try the profile's abort endpoints, most useful first; say what happened."""
+    tried = []
+    for path in sorted(profile.abort_paths, key=lambda p: p != "/abort_requests"):
+        all_requests = path == "/abort_requests"  # dev mode: an empty body aborts everything
+        if not all_requests and not known_ids:
+            tried.append(f"{path}: no request ids known")
+            continue
+        body: dict[str, object] = {} if all_requests else {"request_ids": known_ids}
+        status, text = await _post(session, base_url + path, body, timeout_s)
+        if status == 200:
+            what = "all in-flight requests" if all_requests else f"{len(known_ids)} request(s)"
+            return AbortOutcome("ok", f"POST {path}: aborted {what}")
+        tried.append(f"{path}: {status or text}")
+    return AbortOutcome(
+        "not-available",
+        "no abort endpoint accepted (" + "; ".join(tried) + "). vLLM offers one with "
+        "VLLM_SERVER_DEV_MODE=1 (abort all) or --enable-scale-out (by request id)",
+    )

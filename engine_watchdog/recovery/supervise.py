@@ -1,0 +1,142 @@
+"""Supervise mode: the watchdog starts the engine as its child and restarts it itself.
+
+For bare metal and Slurm, where nothing else would restart ``vllm serve``. The engine's output
+goes to the watchdog's stdout and to a log file (the bundle's log tail). An engine that exits
+on its own (vLLM's API server exits once its engine core died) is restarted too, under the same
+rate limit; a restart the supervisor asks for while one is under way is not done twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine_watchdog.recovery.history import ActionHistory, ActionRecord, RateLimit
+from engine_watchdog.supervisor import Outcome
+
+log = logging.getLogger(__name__)
+STOP_GRACE_S = 15.0
+LOG_MAX_BYTES = 64 << 20
+
+
+class ChildEngine:
+    def __init__(
+        self,
+        command: Sequence[str],
+        log_path: Path,
+        history: ActionHistory,
+        target: str,
+        rate_limit: RateLimit,
+        echo: bool = True,
+    ) -> None:
+        self.echo = echo
+        """Copy the engine's output to our stdout too (the log file always gets it)."""
+        self.command = list(command)
+        self.log_path = log_path
+        self.history = history
+        self.target = target
+        self.rate_limit = rate_limit
+        self.proc: asyncio.subprocess.Process | None = None
+        self.started_t = 0.0
+        self.restarts = 0
+        self.limited = False
+        self._lock = asyncio.Lock()
+        self._stopping = False
+        self._started = asyncio.Event()
+        self._output: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.command,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # its own process group: we end all of it, and only it
+        )
+        self.started_t = time.time()
+        log.warning("engine started: pid %d: %s", self.proc.pid, " ".join(self.command))
+        self._output = asyncio.create_task(self._copy_output(self.proc), name="engine-output")
+        self._started.set()
+
+    async def restart(self) -> Outcome:
+        """The supervisor's restart (rate limit already checked); never two for one death."""
+        async with self._lock:
+            exited = self.proc is not None and self.proc.returncode is not None
+            if exited and not self.limited:
+                return Outcome("skipped", "the engine exited by itself; supervise mode restarts it")
+            await self._stop()
+            await self.start()
+            self.restarts += 1
+            self.limited = False
+        return Outcome("ok", f"engine restarted (pid {self.proc.pid if self.proc else '?'})")
+
+    async def watch_exits(self) -> None:
+        """Long-lived task: restart the engine when it exits on its own."""
+        while not self._stopping:
+            proc = self.proc
+            assert proc is not None
+            rc = await proc.wait()
+            async with self._lock:
+                if proc is not self.proc or self._stopping:
+                    continue  # we replaced or stopped it ourselves
+                self._started.clear()
+                self.limited = not await self._restart_after_exit(rc)
+            if self.limited:
+                await self._started.wait()  # until the supervisor restarts it
+
+    async def _restart_after_exit(self, rc: int) -> bool:
+        now = time.time()
+        allowed, why = self.history.restart_allowed(self.target, now, self.rate_limit)
+        if not allowed:
+            log.error("engine exited (%d); not restarting: %s", rc, why)
+            self.history.add(ActionRecord(now, self.target, "restart", "rate_limited", why))
+            return False
+        log.warning("engine exited with code %d; restarting it", rc)
+        self.history.add(ActionRecord(now, self.target, "restart", "ok", f"engine exited ({rc})"))
+        await self.start()
+        self.restarts += 1
+        return True
+
+    async def stop(self) -> None:
+        self._stopping = True
+        async with self._lock:
+            await self._stop()
+
+    async def _stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        for sig, wait in (
+            (signal.SIGCONT, 0.0),
+            (signal.SIGTERM, STOP_GRACE_S),
+            (signal.SIGKILL, 10.0),
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), wait)
+            if proc.returncode is not None:
+                break
+        # Children that left the group (none expected) die with their parent's session anyway.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    async def _copy_output(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        with self.log_path.open("ab") as f:
+            while line := await proc.stdout.readline():
+                if self.echo:
+                    sys.stdout.buffer.write(line)
+                    sys.stdout.flush()
+                if f.tell() > LOG_MAX_BYTES:
+                    f.truncate(0)
+                    f.seek(0)
+                f.write(line)
+                f.flush()

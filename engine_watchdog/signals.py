@@ -1,0 +1,158 @@
+"""Evidence beyond the metrics: processes, GPUs, canaries. Pure, like the detector it serves.
+
+The detector asks two questions of it: is there strong evidence of a stall since the engine
+went quiet (enough to call it before --stall-seconds), and what is the most specific cause.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TypeVar
+
+from engine_watchdog.model import CanaryObs, GpuInfo, GpuObs, ProcInfo, ProcsObs
+from engine_watchdog.probes.gpu import classify_gpu
+
+_Obs = TypeVar("_Obs", ProcsObs, GpuObs, CanaryObs)
+HISTORY_SECONDS = 900.0
+ENGINE_ROLES = ("engine-core", "worker")
+CPU_IDLE_CORES = 0.05
+"""Engine CPU below this (cores) while requests wait: nothing runs, a host-side deadlock."""
+CPU_BUSY_CORES = 0.8
+"""One engine process above this (cores) with no progress: busy doing nothing useful."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    cause: str
+    evidence: str
+
+
+class Signals:
+    """A bounded history of non-metrics observations, and pure questions about it."""
+
+    def __init__(self) -> None:
+        self.procs: deque[ProcsObs] = deque()
+        self.gpus: deque[GpuObs] = deque()
+        self.canaries: deque[CanaryObs] = deque()
+        self.engine_seen = False
+
+    def add(self, obs: ProcsObs | GpuObs | CanaryObs) -> None:
+        if isinstance(obs, ProcsObs):
+            _append(self.procs, obs)
+            self.engine_seen = self.engine_seen or bool(_engine_procs(obs))
+        elif isinstance(obs, GpuObs):
+            _append(self.gpus, obs)
+        else:
+            _append(self.canaries, obs)
+
+    # -- questions -------------------------------------------------------------------------
+
+    def engine_gone(self, since: float) -> Finding | None:
+        """The engine core was seen, and the latest process sample since ``since`` lacks it."""
+        if not self.engine_seen or not self.procs or self.procs[-1].t < since:
+            return None
+        live = [p for p in _engine_procs(self.procs[-1]) if p.state not in ("gone", "zombie")]
+        if any(p.role == "engine-core" for p in live):
+            return None
+        return Finding("engine-dead", "the engine-core process is gone")
+
+    def gpu_computing(self) -> bool:
+        """The latest sample shows an engine GPU computing (tensor or DRAM activity)."""
+        return bool(self.gpus) and any(
+            classify_gpu(g) == "computing" for g in self._engine_gpus(self.gpus[-1])
+        )
+
+    def strong(self, since: float, t: float) -> Finding | None:
+        """Evidence since ``since`` that makes waiting for --stall-seconds pointless."""
+        return self._stopped(since) or self._gpu_spin(since) or self._canary_failed(since)
+
+    def cause(self, since: float, t: float) -> Finding | None:
+        """The most specific cause the evidence since ``since`` supports."""
+        return self.strong(since, t) or self._cpu(since, t)
+
+    def canary_failed_since(self, since: float) -> CanaryObs | None:
+        for c in reversed(self.canaries):
+            if c.sent < since:
+                return None
+            if not c.ok and c.is_evidence:
+                return c
+        return None
+
+    def canary_ok_since(self, since: float) -> bool:
+        return any(c.ok and c.sent >= since for c in self.canaries)
+
+    def last_canary_sent(self) -> float | None:
+        return self.canaries[-1].sent if self.canaries else None
+
+    # -- evidence --------------------------------------------------------------------------
+
+    def _stopped(self, since: float) -> Finding | None:
+        """The last two process samples since ``since`` show the same engine process stopped.
+
+        Two, because a ptrace stop for a stack dump is brief; py-spy's shows as tracing-stop.
+        """
+        window = [p for p in self.procs if p.t >= since][-2:]
+        if len(window) < 2:
+            return None
+        stopped = set.intersection(
+            *({p.pid for p in _engine_procs(w) if p.state == "stopped"} for w in window)
+        )
+        if not stopped:
+            return None
+        return Finding("stopped", f"engine process(es) {sorted(stopped)} stopped (state T)")
+
+    def _gpu_spin(self, since: float) -> Finding | None:
+        window = [g for g in self.gpus if g.t >= since]
+        if len(window) < 2:
+            return None
+        for obs in window:
+            classes = {classify_gpu(g) for g in self._engine_gpus(obs)}
+            if "spinning" not in classes or "computing" in classes:
+                return None
+        return Finding("gpu-spin", "GPU busy with no tensor or DRAM activity: a spin-wait")
+
+    def _canary_failed(self, since: float) -> Finding | None:
+        failed = self.canary_failed_since(since)
+        if failed is None:
+            return None
+        return Finding("no-progress", f"canary request failed: {failed.error}")
+
+    def _cpu(self, since: float, t: float) -> Finding | None:
+        rate = self._max_cpu_rate(since)
+        if rate is None:
+            return None
+        gpu_idle = not self.gpus or all(
+            classify_gpu(g) in ("idle", "unknown") for g in self._engine_gpus(self.gpus[-1])
+        )
+        if rate <= CPU_IDLE_CORES and gpu_idle:
+            return Finding("host-deadlock", f"engine CPU {rate:.2f} cores and GPU idle")
+        if rate >= CPU_BUSY_CORES:
+            return Finding("host-busy", f"an engine process at {rate:.2f} cores, no progress")
+        return None
+
+    def _max_cpu_rate(self, since: float) -> float | None:
+        """Highest CPU rate (cores) of one engine process over the window."""
+        window = [p for p in self.procs if p.t >= since]
+        if len(window) < 2 or window[-1].t - window[0].t < 1.0:
+            return None
+        first = {p.pid: p.cpu_s for p in _engine_procs(window[0])}
+        dt = window[-1].t - window[0].t
+        rates = [(p.cpu_s - first[p.pid]) / dt for p in _engine_procs(window[-1]) if p.pid in first]
+        return max(rates) if rates else None
+
+    def _engine_gpus(self, obs: GpuObs) -> tuple[GpuInfo, ...]:
+        """GPUs the engine's processes use; all of them when that is unknown."""
+        pids = {p.pid for p in _engine_procs(self.procs[-1])} if self.procs else set()
+        mine = tuple(g for g in obs.gpus if pids & set(g.pids))
+        return mine or obs.gpus
+
+
+def _append(history: deque[_Obs], obs: _Obs) -> None:
+    history.append(obs)
+    while obs.t - history[0].t > HISTORY_SECONDS:
+        history.popleft()
+
+
+def _engine_procs(obs: ProcsObs) -> list[ProcInfo]:
+    return [p for p in obs.procs if p.role in ENGINE_ROLES]

@@ -1,0 +1,128 @@
+"""Multi-signal verdicts: processes, GPUs and canaries on top of the metrics."""
+
+from __future__ import annotations
+
+from engine_watchdog.detector import Detector, DetectorSettings
+from engine_watchdog.model import (
+    CanaryObs,
+    GpuInfo,
+    GpuObs,
+    Observation,
+    ProcInfo,
+    ProcsObs,
+    State,
+)
+from tests.unit.test_detector import T0, Eng, first_stall, run, scrape
+
+CORE = 101
+
+
+def procs(t: float, state: str = "sleeping", cpu_s: float = 0.0, alive: bool = True) -> ProcsObs:
+    ps = [ProcInfo(100, 1, "api-server", "python -m vllm...", "sleeping", 1.0)]
+    if alive:
+        ps.append(ProcInfo(CORE, 100, "engine-core", "VLLM::EngineCore", state, cpu_s))
+    return ProcsObs(T0 + t, tuple(ps))
+
+
+def gpu(t: float, util: float, tensor: float, dram: float) -> GpuObs:
+    return GpuObs(T0 + t, (GpuInfo(0, util, 137.0, util, tensor, dram, (CORE,)),))
+
+
+def frozen_engine(seconds: int, extra: dict[int, list[Observation]]) -> list[Observation]:
+    """Decodes for 5 s, then freezes with a request running; ``extra[t]`` added after scrape t."""
+    e = Eng()
+    obs: list[Observation] = []
+    for t in range(seconds):
+        if t < 5:
+            e.running, e.tokens = 1, e.tokens + 5
+        obs.append(scrape(t, e))
+        obs += extra.get(t, [])
+    return obs
+
+
+def every_second(seconds: int, make) -> dict[int, list[Observation]]:  # type: ignore[no-untyped-def]
+    return {t: [make(t + 0.5)] for t in range(seconds)}
+
+
+def test_stopped_engine_is_stalled_fast_with_cause_stopped() -> None:
+    extra = every_second(60, lambda t: procs(t, "stopped" if t > 5 else "running"))
+    _, seen = run(frozen_engine(60, extra))
+    stall = first_stall(seen)
+    assert stall is not None and stall[1] == "stopped" and stall[0] <= 4 + 15
+
+
+def test_gpu_spin_is_stalled_fast() -> None:
+    extra = every_second(60, lambda t: gpu(t, 100.0, 0.0, 0.0))
+    _, seen = run(frozen_engine(60, extra))
+    stall = first_stall(seen)
+    assert stall is not None and stall[1] == "gpu-spin" and stall[0] <= 4 + 15
+
+
+def test_gpu_computing_is_life_during_a_long_prefill() -> None:
+    extra = every_second(200, lambda t: gpu(t, 100.0, 35.0, 20.0))
+    _, seen = run(frozen_engine(200, extra))
+    assert first_stall(seen) is None
+
+
+def test_failed_canary_makes_the_stall_fast() -> None:
+    # Sent at t=10 (5 s flat), timed out 8 s later.
+    extra = {18: [CanaryObs(T0 + 18.2, ok=False, error="timeout", sent_t=T0 + 10.2)]}
+    _, seen = run(frozen_engine(60, extra))
+    assert first_stall(seen) == (18.2, "no-progress")
+
+
+def test_completed_canaries_keep_a_quiet_long_prefill_alive() -> None:
+    extra = {t: [CanaryObs(T0 + t + 0.5, ok=True, latency_s=0.3)] for t in range(10, 300, 10)}
+    _, seen = run(frozen_engine(300, extra))
+    assert first_stall(seen) is None
+
+
+def test_unusable_canary_is_not_evidence() -> None:
+    extra = {18: [CanaryObs(T0 + 18.2, ok=False, error="unusable: http-401", sent_t=T0 + 10)]}
+    _, seen = run(frozen_engine(30, extra))
+    assert first_stall(seen) is None
+
+
+def test_cpu_idle_engine_is_a_host_deadlock_at_stall_seconds() -> None:
+    extra = every_second(60, lambda t: procs(t, "sleeping", cpu_s=5.0))
+    _, seen = run(frozen_engine(60, extra))
+    assert first_stall(seen) == (34.0, "host-deadlock")
+
+
+def test_cpu_pegged_engine_is_host_busy() -> None:
+    extra = every_second(60, lambda t: procs(t, "running", cpu_s=t))
+    _, seen = run(frozen_engine(60, extra))
+    assert first_stall(seen) == (34.0, "host-busy")
+
+
+def test_engine_core_gone_is_engine_dead() -> None:
+    extra = {3: [procs(3.5)], 6: [procs(6.5, alive=False)]}
+    _, seen = run(frozen_engine(10, extra))
+    assert first_stall(seen) == (6.5, "engine-dead")
+
+
+def test_wedged_idle_engine_fails_its_idle_canary() -> None:
+    obs: list[Observation] = [scrape(t, Eng()) for t in range(70)]
+    obs.insert(65, CanaryObs(T0 + 64.5, ok=False, error="timeout", sent_t=T0 + 56.5))
+    d, seen = run(obs)
+    assert first_stall(seen) == (64.5, "wedged-idle")
+    assert d.verdicts["0"].state is State.STALLED  # stays stalled on later idle scrapes
+    d.feed(CanaryObs(T0 + 80, ok=True, latency_s=0.1))
+    d.feed(scrape(81, Eng()))
+    assert d.verdicts["0"].state is State.IDLE
+
+
+def test_canary_due_when_flat_and_when_idle() -> None:
+    d = Detector(DetectorSettings(canary_after_seconds=5, idle_canary_seconds=60))
+    busy = Eng(running=1)
+    for t in range(7):
+        d.feed(scrape(t, busy))
+    assert d.canary_due(T0 + 6) == "flat"
+    d.feed(CanaryObs(T0 + 6.5, ok=True, latency_s=0.2))
+    assert d.canary_due(T0 + 6.6) is None  # one per quiet period
+    idle = Detector()
+    idle.feed(scrape(0, Eng()))
+    assert idle.canary_due(T0 + 0) == "idle"
+    idle.feed(CanaryObs(T0 + 1, ok=True, latency_s=0.1))
+    idle.feed(scrape(2, Eng()))
+    assert idle.canary_due(T0 + 30) is None and idle.canary_due(T0 + 61) == "idle"
