@@ -147,7 +147,7 @@ class Detector:
             track = self._tracks[TARGET]
             return self._set(track, obs.t, State.STARTING, obs.error, note=obs.detail)
         state, cause = State.UNREACHABLE, obs.error
-        if self._dead is not None:
+        if self._dead is not None or self._engine_gone():
             state, cause = State.STALLED, "engine-dead"
         elif self._api_unresponsive(obs):
             state, cause = State.STALLED, "api-unresponsive"
@@ -198,7 +198,9 @@ class Detector:
 
     def _reevaluate(self, t: float, force: bool = False) -> list[Transition]:
         if self._unreachable_since is not None and not force:
-            return []  # the last scrape failed: its verdict stands until the next one
+            if self._first_good_t is None or not self._engine_gone():
+                return []  # the last scrape failed: its verdict stands until the next one
+            return [c for k in self._tracks.values() for c in self._set_dead(k, t)]
         changes = []
         for track in self._tracks.values():
             if track.last is not None:
@@ -208,11 +210,8 @@ class Detector:
     def _evaluate(self, track: _Track, t: float) -> list[Transition]:
         assert track.last is not None and self._first_good_t is not None
         s = track.last
-        # Process samples older than the engine's return say nothing about the new engine.
-        gone = self.signals.engine_gone(self._reachable_since or 0.0)
-        dead = self._dead or (gone.evidence if gone else None)
-        if dead:
-            return self._set(track, t, State.STALLED, "engine-dead", note=dead)
+        if self._dead or self._engine_gone():
+            return self._set_dead(track, t)
         if s.asleep:
             return self._set(track, t, State.SLEEPING, None)
         if track.quiet_since is None:
@@ -224,6 +223,15 @@ class Detector:
         flat = t - track.quiet_since
         state, cause, note = self._busy_state(s, track.quiet_since, t)
         return self._set(track, t, state, cause, flat, note)
+
+    def _engine_gone(self) -> bool:
+        # Process samples older than the engine's return say nothing about the new engine.
+        return self.signals.engine_gone(self._reachable_since or 0.0) is not None
+
+    def _set_dead(self, track: _Track, t: float) -> list[Transition]:
+        gone = self.signals.engine_gone(self._reachable_since or 0.0)
+        note = self._dead or (gone.evidence if gone else None)
+        return self._set(track, t, State.STALLED, "engine-dead", note=note)
 
     def _busy_state(
         self, s: EngineSample, since: float, t: float

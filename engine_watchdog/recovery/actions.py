@@ -13,6 +13,7 @@ import aiohttp
 from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bundle
 from engine_watchdog.capture.cuda import ENABLE_VAR, read_environ
 from engine_watchdog.capture.step import CaptureStep
+from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
 from engine_watchdog.model import ProcInfo, Verdict
 from engine_watchdog.probes.procs import sample_procs_async
 from engine_watchdog.recovery.abort import abort_requests
@@ -72,6 +73,8 @@ class EngineActions:
         if destructive and not any(map(_core_dump_enabled, procs)):
             return Outcome("skipped", f"no engine process has {ENABLE_VAR}=1: no CUDA core dump")
         bundle = replace(self.settings.bundle, destructive=destructive)
+        if destructive:
+            bundle = replace(bundle, step_timeout_s=DESTRUCTIVE_STEP_TIMEOUT_S)
         try:
             result = await write_bundle(
                 bundle,

@@ -1,0 +1,119 @@
+"""`watch` as a real process against a real simulator: transitions, own endpoints, traces."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_watchdog.loadgen import StreamingLoad
+from engine_watchdog.sim.launcher import free_port
+from tests.integration.cli_helpers import run_cli
+from tests.integration.conftest import SimFactory, SimHttp, eventually
+
+
+class WatchProcess:
+    def __init__(self, proc: asyncio.subprocess.Process, listen: str) -> None:
+        self.proc = proc
+        self.base = f"http://{listen}"
+        self.lines: list[dict[str, Any]] = []
+
+    async def next_state(
+        self, state: str, timeout: float, cause: str | None = None
+    ) -> dict[str, Any]:
+        """Read JSON transition lines until one enters ``state`` (with ``cause``, if given)."""
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                line = await self.proc.stdout.readline()
+                assert line, "watch exited"
+                doc = json.loads(line)
+                self.lines.append(doc)
+                if doc["state"] == state and cause in (None, doc["cause"]):
+                    return doc
+
+
+@pytest.fixture
+async def watch_factory() -> AsyncIterator[Any]:
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def start(url: str, *args: str) -> WatchProcess:
+        listen = f"127.0.0.1:{free_port()}"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "engine_watchdog", "watch", url, "--json", "--listen", listen,
+            *args, stdout=asyncio.subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        procs.append(proc)
+        return WatchProcess(proc, listen)
+
+    yield start
+    for proc in procs:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+async def get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(5)) as r:
+        return r.status, await r.text()
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and labels.items() <= s.labels.items():
+                return float(s.value)
+    return None
+
+
+async def test_watch_reports_the_freeze_serves_its_endpoints_and_records_a_trace(
+    sim_factory: SimFactory, sim_http: SimHttp, watch_factory: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory("--tokens-per-second", "30")
+    trace = tmp_path / "trace.jsonl"
+    watch = await watch_factory(
+        sim.url, "--stall-seconds", "10", "--record", str(trace), "--action", "none"
+    )
+    await watch.next_state("idle", timeout=20)
+    assert (await get(watch.base + "/readyz"))[0] == 200
+    async with StreamingLoad(sim.url, clients=4, max_tokens=60, model="sim-model") as load:
+        await watch.next_state("progressing", timeout=20)
+        await sim_http.set_fault(sim, "freeze-last")
+        load.stop_new()
+        stalled = await watch.next_state("stalled", timeout=40)
+        assert stalled["engine"] == "0" and stalled["cause"] in ("no-progress", "host-deadlock")
+        _, text = await get(watch.base + "/metrics")
+        assert metric(text, "engine_watchdog_stalled", engine="0") == 1.0
+        assert metric(text, "engine_watchdog_stall_verdicts_total", cause=stalled["cause"]) == 1.0
+        assert (await get(watch.base + "/livez"))[0] == 200  # --action none: never 503
+        _, doc = await get(watch.base + "/status")
+        assert json.loads(doc)["engines"][0]["state"] == "stalled"
+    watch.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(watch.proc.wait(), 15) == 0
+    replay = await run_cli("replay", str(trace), "--json", "--stall-seconds", "10")
+    assert replay.code == 1
+    assert replay.json()["first_stall_cause"] == stalled["cause"]
+    assert (
+        abs(replay.json()["first_stall_t"] - stalled["t"]) < 1e-6
+    )  # the same verdict, bit for bit
+
+
+async def test_watch_says_engine_dead_when_the_engine_core_crashes(
+    sim_factory: SimFactory, sim_http: SimHttp, watch_factory: Any
+) -> None:
+    sim = await sim_factory("--tokens-per-second", "30")
+    watch = await watch_factory(sim.url, "--action", "none")
+    await watch.next_state("idle", timeout=20)
+    await sim_http.set_fault(sim, "crash")
+    # The idle canary may be in flight and fail first (HTTP 500): engine-dead must follow.
+    await watch.next_state("stalled", timeout=20, cause="engine-dead")
+    await eventually(lambda: sim.returncode is not None, timeout=20, what="the API server exits")
