@@ -86,7 +86,7 @@ def probe_options(func: F) -> F:
         click.option(
             "--scrape-timeout",
             type=float,
-            default=5.0,
+            default=10.0,
             envvar=_env("scrape-timeout"),
             show_default=True,
             help="Timeout of one /metrics or /health request.",
@@ -218,6 +218,11 @@ def action_options(default_actions: str) -> Callable[[F], F]:
             help="The engine's log file (its tail goes into bundles).",
         ),
         click.option("--tar", is_flag=True, envvar=_env("tar"), help="Bundles as .tar.gz."),
+        click.option(
+            "--alertmanager",
+            envvar=_env("alertmanager"),
+            help="Alertmanager base URL: push stall alerts there (API v2), resolve on recovery.",
+        ),
     ]
 
     def decorate(func: F) -> F:
@@ -244,6 +249,7 @@ def policy_from(kw: dict[str, Any]) -> dict[str, Any]:
         "engine_log": kw.pop("engine_log"),
         "tar": kw.pop("tar"),
         "restart_command": tuple(shlex.split(kw.pop("restart_command"))),
+        "alertmanager": normalise_url(am) if (am := kw.pop("alertmanager")) else None,
     }
 
 

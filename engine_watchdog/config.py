@@ -18,7 +18,7 @@ class SettingsError(ValueError):
 class ProbeSettings:
     interval_s: float = 1.0
     """Seconds between probe rounds."""
-    scrape_timeout_s: float = 5.0
+    scrape_timeout_s: float = 10.0
     """Timeout of one GET /metrics or /health. Longer than the interval is allowed."""
     max_scrape_bytes: int = 16 * 1024 * 1024
     """A /metrics body larger than this is an error (protects the watchdog's memory)."""
@@ -62,6 +62,8 @@ class WatchSettings:
     """Write bundles as .tar.gz."""
     restart_command: tuple[str, ...] = ()
     """Restart the engine with this command (no shell) instead of killing its engine core."""
+    alertmanager: str | None = None
+    """Alertmanager base URL: push EngineStalled alerts there (API v2), resolve on recovery."""
 
 
 def parse_actions(values: tuple[str, ...]) -> frozenset[str]:
@@ -85,7 +87,7 @@ def normalise_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise SettingsError(f"not an engine URL: {url!r}; give one like http://127.0.0.1:8000")
     try:
-        parts.port  # noqa: B018 - raises on a malformed port
+        _ = parts.port  # raises ValueError on a malformed port
     except ValueError:
         raise SettingsError(f"bad port in {url!r}; give one like http://127.0.0.1:8000") from None
     return url.rstrip("/")

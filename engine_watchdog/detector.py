@@ -53,6 +53,8 @@ class _Track:
     quiet_since: float | None = None
     last_progress_t: float | None = None
     wedged: bool = False
+    moved: bool = False
+    """The last sample moved a progress signal."""
     note: str | None = None
 
 
@@ -127,7 +129,7 @@ class Detector:
     def _update(self, track: _Track, s: EngineSample, t: float, reconnected: bool) -> None:
         """Fold a new sample into the rank's memory: movement, restarts, the quiet clock."""
         moved, reset = _movement(track.last, s)
-        track.last = s
+        track.last, track.moved = s, moved
         if reset:
             track.note = "counters went backwards: the engine restarted"
         if moved or reset:
@@ -173,8 +175,14 @@ class Detector:
             # vLLM answers 503 only once the engine core is known dead (FACTS.md).
             self._dead = "/health answered 503"
             return self._reevaluate(obs.t, force=True)
-        if obs.status == 200:
+        if obs.status == 200 and self._dead is not None:
+            # Healthy again after being dead: a new engine. What we held against the old one
+            # (a failed canary, a quiet clock) says nothing about it.
             self._dead = None
+            for track in self._tracks.values():
+                track.wedged, track.quiet_since = False, None
+                track.note = "/health is 200 again: a new engine"
+            return self._reevaluate(obs.t)
         return []
 
     def _on_canary(self, obs: CanaryObs) -> None:
@@ -189,7 +197,9 @@ class Detector:
             elif (
                 obs.is_evidence
                 and k.verdict.state is State.IDLE
-                and obs.sent >= (k.verdict.since or 0)
+                # Sent after the engine went idle and after its last progress: otherwise the
+                # engine has shown life since, and the canary's failure is old news.
+                and obs.sent >= max(k.verdict.since or 0.0, k.last_progress_t or 0.0)
             ):
                 k.wedged = True
                 k.note = f"canary failed ({obs.error}) while the engine looked idle"
@@ -217,19 +227,25 @@ class Detector:
         if track.quiet_since is None:
             if track.wedged:
                 return self._set(track, t, State.STALLED, "wedged-idle")
-            return self._set(track, t, State.IDLE, None)
+            # Requests so short that no scrape sees them running still move the counters.
+            return self._set(track, t, State.PROGRESSING if track.moved else State.IDLE, None)
         if self.signals.gpu_computing():
             track.quiet_since = t  # "the GPU computes" is a sign of life (long prefill)
         flat = t - track.quiet_since
         state, cause, note = self._busy_state(s, track.quiet_since, t)
         return self._set(track, t, state, cause, flat, note)
 
+    def _gone_since(self) -> float:
+        """Process samples older than the engine's return, or than the last progress seen,
+        say nothing about whether the engine core is there now."""
+        progress = [k.last_progress_t or 0.0 for k in self._tracks.values()]
+        return max([self._reachable_since or 0.0, *progress])
+
     def _engine_gone(self) -> bool:
-        # Process samples older than the engine's return say nothing about the new engine.
-        return self.signals.engine_gone(self._reachable_since or 0.0) is not None
+        return self.signals.engine_gone(self._gone_since()) is not None
 
     def _set_dead(self, track: _Track, t: float) -> list[Transition]:
-        gone = self.signals.engine_gone(self._reachable_since or 0.0)
+        gone = self.signals.engine_gone(self._gone_since())
         note = self._dead or (gone.evidence if gone else None)
         return self._set(track, t, State.STALLED, "engine-dead", note=note)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -24,6 +25,7 @@ from engine_watchdog.model import Transition, Verdict
 from engine_watchdog.recovery.actions import EngineActions, RecoverySettings
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.supervise import ChildEngine
+from engine_watchdog.report.alertmanager import AlertmanagerReporter
 from engine_watchdog.report.console import transition_json, transition_line, verdict_dict
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.server import make_app, start_server
@@ -50,13 +52,25 @@ class ConsoleReporter:
 
 
 class MetricsReporter:
+    """Verdicts into the watchdog's own metrics; every probe's result via the watcher's records."""
+
+    PROBES = {"scrape": "metrics", "health": "health", "canary": "canary", "gpu": "gpu"}
+
     def __init__(self, metrics: WatchdogMetrics, watcher: Watcher) -> None:
         self.metrics = metrics
         self.watcher = watcher
+        metrics.start_target(watcher.target)
+        watcher.listeners.append(self.on_record)
+
+    def on_record(self, rec: dict[str, Any]) -> None:
+        kind = str(rec.get("kind"))
+        probe = self.PROBES.get(kind, kind)
+        ok = rec["ok"] if "ok" in rec else rec.get("error") is None
+        self.metrics.observe_probe(self.watcher.target, probe, float(rec["t"]), bool(ok))
+        if kind == "scrape" and rec.get("elapsed_s") is not None:
+            self.metrics.scrape_duration.labels(self.watcher.target).observe(rec["elapsed_s"])
 
     def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
-        if self.watcher.last_scrape is not None:
-            self.metrics.observe_scrape(target, self.watcher.last_scrape)
         self.metrics.update(target, verdicts, changes)
 
 
@@ -128,6 +142,12 @@ async def run_watch(
             *([supervisor] if supervisor else []),
             *(extra_reporters or []),
         ]
+        if settings.alertmanager:
+            pusher = AlertmanagerReporter(
+                session, settings.alertmanager, extra_labels=_pod_labels()
+            )
+            reporters.append(pusher)
+            tasks["alertmanager"] = pusher.run()
         tasks["probe-loop"] = probe_loop(watcher, reporters)
         server = await _serve(settings, metrics, watcher, supervisor)
         try:
@@ -235,6 +255,12 @@ class ActionMetrics:
         if action == "restart":
             limited = 1 if outcome.result == "rate_limited" else 0
             self.metrics.restart_limit.labels(target).set(limited)
+
+
+def _pod_labels() -> dict[str, str]:
+    """Where the watchdog runs in Kubernetes (the downward API sets these), for alert labels."""
+    names = {"POD_NAME": "pod", "POD_NAMESPACE": "namespace"}
+    return {label: os.environ[env] for env, label in names.items() if os.environ.get(env)}
 
 
 def _stop_on_signals() -> asyncio.Event:

@@ -49,12 +49,15 @@ class Signals:
     # -- questions -------------------------------------------------------------------------
 
     def engine_gone(self, since: float) -> Finding | None:
-        """The engine core was seen, and the latest process sample since ``since`` lacks it."""
-        if not self.engine_seen or not self.procs or self.procs[-1].t < since:
+        """The engine core was seen, and the last two process samples since ``since`` lack it
+        (two: one sample can miss it in a discovery race)."""
+        window = [p for p in self.procs if p.t >= since][-2:]
+        if not self.engine_seen or len(window) < 2:
             return None
-        live = [p for p in _engine_procs(self.procs[-1]) if p.state not in ("gone", "zombie")]
-        if any(p.role == "engine-core" for p in live):
-            return None
+        for sample in window:
+            live = [p for p in _engine_procs(sample) if p.state not in ("gone", "zombie")]
+            if any(p.role == "engine-core" for p in live):
+                return None
         return Finding("engine-dead", "the engine-core process is gone")
 
     def gpu_computing(self) -> bool:

@@ -48,7 +48,10 @@ class Actions(Protocol):
 
     async def capture(self, verdict: Verdict, destructive: bool) -> Outcome: ...
     async def abort(self) -> Outcome: ...
-    async def restart(self) -> Outcome: ...
+    async def restart(self, stalled_since: float) -> Outcome:
+        """End the engine that has been stalled since ``stalled_since`` (not a newer one)."""
+        ...
+
     async def paused(self) -> bool: ...
     def same_host(self) -> bool: ...
 
@@ -125,7 +128,7 @@ class Supervisor:
         if "capture" in self.policy.actions and verdict.cause != "engine-dead":
             # The CUDA core dump kills the process, so it belongs here and nowhere earlier.
             await self._act("capture", self.actions.capture(verdict, destructive=True))
-        done = await self._act("restart", self.actions.restart())
+        done = await self._act("restart", self.actions.restart(verdict.since or verdict.t))
         if done.result not in ("ok", "skipped"):
             return False  # failed, or a dry run: nothing will come back
         back = await self._wait_for(self._back, self.policy.recover_timeout_s)

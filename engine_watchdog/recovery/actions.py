@@ -24,7 +24,8 @@ from engine_watchdog.watcher import Watcher
 log = logging.getLogger(__name__)
 StepsFactory = Callable[[bool], Sequence[CaptureStep]]
 """destructive -> the capture steps to run."""
-Restarter = Callable[[], Awaitable[Outcome]]
+Restarter = Callable[[float], Awaitable[Outcome]]
+"""stalled_since -> outcome (supervise mode's ChildEngine.restart)."""
 
 
 @dataclass(frozen=True)
@@ -96,15 +97,15 @@ class EngineActions:
         done = await abort_requests(w.session, w.target, w.profile, sorted(w.canary.pending))
         return Outcome(done.result, done.detail)
 
-    async def restart(self) -> Outcome:
+    async def restart(self, stalled_since: float) -> Outcome:
         if self.restarter is not None:
-            return await self.restarter()
+            return await self.restarter(stalled_since)
         if self.settings.restart_command:
             done = await run_restart_command(
                 self.settings.restart_command, self.settings.restart_timeout_s
             )
         else:
-            done = await asyncio.to_thread(kill_engine_core, await self._procs())
+            done = await asyncio.to_thread(kill_engine_core, await self._procs(), stalled_since)
         return Outcome(done.result, done.detail)
 
     async def paused(self) -> bool:

@@ -28,26 +28,29 @@ class RestartOutcome:
     detail: str
 
 
-def _same_process(p: ProcInfo) -> psutil.Process | None:
-    """The live process behind ``p``, only if it still is that process (PIDs get reused)."""
+def _same_process(p: ProcInfo, started_before: float) -> psutil.Process | None:
+    """The live process behind ``p``, only if it still is that process (PIDs get reused) and
+    it is older than the stall (a newer engine core belongs to an engine that came back)."""
     try:
         proc = psutil.Process(p.pid)
         title = " ".join(proc.cmdline()) or proc.name()
+        created = proc.create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
-    return proc if p.title and title.startswith(p.title.split()[0]) else None
+    same = bool(p.title) and title.startswith(p.title.split()[0])
+    return proc if same and created < started_before else None
 
 
-def kill_engine_core(procs: Sequence[ProcInfo]) -> RestartOutcome:
+def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> RestartOutcome:
     """SIGKILL every engine-core process (blocking; call it through asyncio.to_thread)."""
     cores = [p for p in procs if p.role == "engine-core" and p.state not in ("gone", "zombie")]
     if not cores:
         return RestartOutcome("skipped", "no live engine-core process: the engine already ended")
     killed, failed = [], []
     for p in cores:
-        proc = _same_process(p)
+        proc = _same_process(p, stalled_since)
         if proc is None:
-            failed.append(f"{p.pid} (not the process we saw any more)")
+            failed.append(f"{p.pid} (gone, or newer than the stall: not the stuck engine)")
             continue
         try:
             proc.send_signal(signal.SIGKILL)

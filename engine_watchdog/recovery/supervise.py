@@ -1,7 +1,7 @@
 """Supervise mode: the watchdog starts the engine as its child and restarts it itself.
 
 For bare metal and Slurm, where nothing else would restart ``vllm serve``. The engine's output
-goes to the watchdog's stdout and to a log file (the bundle's log tail). An engine that exits
+goes to the watchdog's stderr and to a log file (the bundle's log tail). An engine that exits
 on its own (vLLM's API server exits once its engine core died) is restarted too, under the same
 rate limit; a restart the supervisor asks for while one is under way is not done twice.
 """
@@ -37,7 +37,7 @@ class ChildEngine:
         echo: bool = True,
     ) -> None:
         self.echo = echo
-        """Copy the engine's output to our stdout too (the log file always gets it)."""
+        """Copy the engine's output to our stderr too (the log file always gets it)."""
         self.command = list(command)
         self.log_path = log_path
         self.history = history
@@ -65,9 +65,11 @@ class ChildEngine:
         self._output = asyncio.create_task(self._copy_output(self.proc), name="engine-output")
         self._started.set()
 
-    async def restart(self) -> Outcome:
+    async def restart(self, stalled_since: float) -> Outcome:
         """The supervisor's restart (rate limit already checked); never two for one death."""
         async with self._lock:
+            if self.started_t > stalled_since:
+                return Outcome("skipped", "the engine was restarted after the stall began")
             exited = self.proc is not None and self.proc.returncode is not None
             if exited and not self.limited:
                 return Outcome("skipped", "the engine exited by itself; supervise mode restarts it")
@@ -132,9 +134,9 @@ class ChildEngine:
         assert proc.stdout is not None
         with self.log_path.open("ab") as f:
             while line := await proc.stdout.readline():
-                if self.echo:
-                    sys.stdout.buffer.write(line)
-                    sys.stdout.flush()
+                if self.echo:  # stderr: stdout carries the watchdog's own (JSON) lines
+                    sys.stderr.buffer.write(line)
+                    sys.stderr.flush()
                 if f.tell() > LOG_MAX_BYTES:
                     f.truncate(0)
                     f.seek(0)

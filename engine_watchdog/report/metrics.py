@@ -5,9 +5,20 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from engine_watchdog import __version__
-from engine_watchdog.model import ScrapeObs, State, Transition, Verdict
+from engine_watchdog.model import State, Transition, Verdict
 
 PREFIX = "engine_watchdog_"
+STALL_CAUSES = (
+    "no-progress",
+    "stopped",
+    "gpu-spin",
+    "host-deadlock",
+    "host-busy",
+    "engine-dead",
+    "api-unresponsive",
+    "wedged-idle",
+    "admission-stall",
+)
 
 
 class WatchdogMetrics:
@@ -80,16 +91,23 @@ class WatchdogMetrics:
             registry=r,
         )
 
+    def start_target(self, target: str) -> None:
+        """Create every labelled counter at 0, so increase() sees the first event."""
+        for cause in STALL_CAUSES:
+            self.stalls.labels(target, "0", cause)
+            self.incidents.labels(target, cause)
+        for action in ("capture", "abort", "restart", "liveness"):
+            for result in ("ok", "failed", "dry_run", "rate_limited"):
+                self.actions.labels(target, action, result)
+        for probe in ("metrics", "health", "canary", "gpu", "procs"):
+            self.probe_errors.labels(target, probe)
+        self.restart_limit.labels(target).set(0)
+
     def observe_probe(self, target: str, probe: str, t: float, ok: bool) -> None:
         if ok:
             self.last_observation.labels(target, probe).set(t)
         else:
             self.probe_errors.labels(target, probe).inc()
-
-    def observe_scrape(self, target: str, obs: ScrapeObs) -> None:
-        self.observe_probe(target, "metrics", obs.t, obs.error is None)
-        if obs.elapsed_s is not None:
-            self.scrape_duration.labels(target).observe(obs.elapsed_s)
 
     def update(self, target: str, verdicts: dict[str, Verdict], changes: list[Transition]) -> None:
         for change in changes:

@@ -103,7 +103,7 @@ def say(*parts: Any) -> None:
 def run(argv: list[str], timeout: float) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
-        p = subprocess.run(  # noqa: S603  (fixed argv, no shell)
+        p = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout, check=False
         )
         return {
@@ -241,7 +241,7 @@ def verify_spin(out: Path, probe: GpuProbe, tools: dict[str, str]) -> dict[str, 
     log = out / "spin_child.log"
     env = dict(os.environ, **CORE_ENV, CUDA_VISIBLE_DEVICES="0")
     t_start = time.monotonic()
-    child = subprocess.Popen(  # noqa: S603  (fixed argv, no shell)
+    child = subprocess.Popen(
         [sys.executable, "-c", SPIN_CHILD, "120"],
         env=env,
         stdout=log.open("w"),
@@ -273,7 +273,7 @@ def verify_spin(out: Path, probe: GpuProbe, tools: dict[str, str]) -> dict[str, 
 def verify_compute_idle(out: Path, probe: GpuProbe) -> list[dict[str, Any]]:
     log = out / "compute_child.log"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="0")
-    child = subprocess.Popen(  # noqa: S603  (fixed argv, no shell)
+    child = subprocess.Popen(
         [sys.executable, "-c", COMPUTE_CHILD, "6", "8"],
         env=env,
         stdout=log.open("w"),
@@ -333,7 +333,7 @@ def verify_nccl(out: Path, probe: GpuProbe, tools: dict[str, str]) -> dict[str, 
     )
     logs = [out / f"rank{r}.log" for r in range(2)]
     ranks = [
-        subprocess.Popen(  # noqa: S603  (fixed argv, no shell)
+        subprocess.Popen(
             [sys.executable, __file__, "worker", str(r)],
             env=env,
             stdout=logs[r].open("w"),

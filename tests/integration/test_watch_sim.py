@@ -36,7 +36,7 @@ class WatchProcess:
             while True:
                 line = await self.proc.stdout.readline()
                 assert line, "watch exited"
-                doc = json.loads(line)
+                doc: dict[str, Any] = json.loads(line)
                 self.lines.append(doc)
                 if doc["state"] == state and cause in (None, doc["cause"]):
                     return doc

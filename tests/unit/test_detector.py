@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -40,7 +40,7 @@ def scrape(t: float, *engines: Eng) -> ScrapeObs:
 
 
 def run(
-    obs: list[Observation], **settings: float
+    obs: Sequence[Observation], **settings: float
 ) -> tuple[Detector, list[tuple[float, str, str | None]]]:
     detector = Detector(DetectorSettings(**settings))
     seen = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+
 from engine_watchdog.detector import Detector, DetectorSettings
 from engine_watchdog.model import (
     CanaryObs,
@@ -28,7 +30,7 @@ def gpu(t: float, util: float, tensor: float, dram: float) -> GpuObs:
     return GpuObs(T0 + t, (GpuInfo(0, util, 137.0, util, tensor, dram, (CORE,)),))
 
 
-def frozen_engine(seconds: int, extra: dict[int, list[Observation]]) -> list[Observation]:
+def frozen_engine(seconds: int, extra: Mapping[int, Sequence[Observation]]) -> list[Observation]:
     """Decodes for 5 s, then freezes with a request running; ``extra[t]`` added after scrape t."""
     e = Eng()
     obs: list[Observation] = []
@@ -40,7 +42,9 @@ def frozen_engine(seconds: int, extra: dict[int, list[Observation]]) -> list[Obs
     return obs
 
 
-def every_second(seconds: int, make) -> dict[int, list[Observation]]:  # type: ignore[no-untyped-def]
+def every_second(
+    seconds: int, make: Callable[[float], Observation]
+) -> dict[int, list[Observation]]:
     return {t: [make(t + 0.5)] for t in range(seconds)}
 
 
@@ -96,9 +100,9 @@ def test_cpu_pegged_engine_is_host_busy() -> None:
 
 
 def test_engine_core_gone_is_engine_dead() -> None:
-    extra = {3: [procs(3.5)], 6: [procs(6.5, alive=False)]}
+    extra = {3: [procs(3.5)], 6: [procs(6.5, alive=False)], 7: [procs(7.5, alive=False)]}
     _, seen = run(frozen_engine(10, extra))
-    assert first_stall(seen) == (6.5, "engine-dead")
+    assert first_stall(seen) == (7.5, "engine-dead")  # two samples: one may miss it in a race
 
 
 def test_wedged_idle_engine_fails_its_idle_canary() -> None:
@@ -109,7 +113,8 @@ def test_wedged_idle_engine_fails_its_idle_canary() -> None:
     assert d.verdicts["0"].state is State.STALLED  # stays stalled on later idle scrapes
     d.feed(CanaryObs(T0 + 80, ok=True, latency_s=0.1))
     d.feed(scrape(81, Eng()))
-    assert d.verdicts["0"].state is State.IDLE
+    after = d.verdicts["0"]
+    assert after.state is State.IDLE
 
 
 def test_canary_due_when_flat_and_when_idle() -> None:
@@ -126,3 +131,16 @@ def test_canary_due_when_flat_and_when_idle() -> None:
     idle.feed(CanaryObs(T0 + 1, ok=True, latency_s=0.1))
     idle.feed(scrape(2, Eng()))
     assert idle.canary_due(T0 + 30) is None and idle.canary_due(T0 + 61) == "idle"
+
+
+def test_a_new_engine_after_death_is_judged_afresh() -> None:
+    """Crash on the first request (the idle canary's): counters never moved, so the new
+    engine's zeros show no reset; /health 503 -> 200 is what says the engine is new."""
+    from engine_watchdog.model import HealthObs
+
+    obs: list[Observation] = [scrape(0, Eng()), HealthObs(T0 + 0.1, 200)]
+    obs += [CanaryObs(T0 + 1.2, ok=False, error="http-500", sent_t=T0 + 0.5)]
+    obs += [HealthObs(T0 + 1.3, 503), scrape(2, Eng()), HealthObs(T0 + 2.1, 200), scrape(3, Eng())]
+    d, seen = run(obs)
+    assert ("stalled", "engine-dead") in [(s, c) for _, s, c in seen]
+    assert d.verdicts["0"].state is State.IDLE

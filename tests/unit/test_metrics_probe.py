@@ -44,7 +44,10 @@ def test_groups_series_by_rank_and_sums_label_sets() -> None:
 
 
 def test_old_kv_name_is_understood() -> None:
-    body = 'vllm:gpu_cache_usage_perc{model_name="m"} 0.5\nvllm:num_requests_running{model_name="m"} 1\n'
+    body = (
+        'vllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
+        'vllm:num_requests_running{model_name="m"} 1\n'
+    )
     (e,) = parse_scrape(RawScrape(1.0, status=200, body=body), VLLM).engines
     assert e.engine == "0" and e.kv_usage == 0.5
 

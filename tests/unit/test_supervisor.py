@@ -28,7 +28,7 @@ class ScriptedActions:
         self.calls.append("abort")
         return Outcome(self._abort)
 
-    async def restart(self) -> Outcome:
+    async def restart(self, stalled_since: float) -> Outcome:
         self.calls.append("restart")
         return Outcome(self._restart)
 

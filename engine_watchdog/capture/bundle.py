@@ -1,0 +1,302 @@
+"""Write an incident bundle: ``<incident dir>/<UTC time>-<engine>-<cause>/`` (or ``.tar.gz``).
+
+The bundle is built in a hidden sibling directory and renamed into place, so a reader never sees
+half a bundle; a write that fails (a full disk) removes the temporary directory and raises
+:class:`BundleError`. Steps run concurrently, each under its own timeout; a failed step is
+recorded in the manifest and the others go on. File I/O of any size runs in threads: the watch
+loop that calls :func:`write_bundle` is never blocked. The manifest schema is in docs/bundle.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from engine_watchdog import __version__
+from engine_watchdog.capture import evidence
+from engine_watchdog.capture.retention import new_tmp_dir, prune, tar_into_place
+from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
+from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
+from engine_watchdog.capture.tools import resolve_tools, write_private
+from engine_watchdog.model import ProcInfo, Verdict
+
+SCHEMA = "engine-watchdog/bundle"
+SCHEMA_VERSION = 1
+_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class BundleError(Exception):
+    """The bundle could not be written; nothing partial was left. The message names the fix."""
+
+
+@dataclass(frozen=True)
+class BundleSettings:
+    incident_dir: Path
+    """Where bundles go; created (0700) if missing."""
+    engine: str = "vllm"
+    step_timeout_s: float = 20.0
+    """Each step's own bound (``CaptureContext.timeout_s``)."""
+    step_grace_s: float = 2.0
+    """Extra time before a step that overruns its own bound is abandoned."""
+    destructive: bool = False
+    """True only as part of a restart (lets a CUDA core dump run)."""
+    engine_log: Path | None = None
+    log_tail_bytes: int = 1 << 20
+    keep_count: int = 20
+    """Retention: at most this many bundles (oldest removed first)."""
+    keep_bytes: int = 2 << 30
+    """Retention: at most this many bytes of bundles in total (the newest is always kept)."""
+    tar: bool = False
+    """Write ``<name>.tar.gz`` instead of a directory."""
+    tools: Mapping[str, str] | None = None
+    """Tool paths (py-spy, cuda-gdb); None resolves them from PATH."""
+    proc_root: Path = Path("/proc")
+    clock: Callable[[], float] = time.time
+    """Wall-clock seconds (tests pin it)."""
+
+
+@dataclass(frozen=True)
+class BundleResult:
+    path: Path
+    """The bundle directory, or the ``.tar.gz`` with ``tar``."""
+    manifest: dict[str, Any]
+    steps: tuple[StepResult, ...]
+    elapsed_s: float
+    removed: tuple[str, ...] = field(default_factory=tuple)
+    """Old bundles removed by retention."""
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def bundle_name(created: float, engine: str, cause: str) -> str:
+    """``20261130T055012Z-vllm-stopped``: sorts by time, safe in any file system."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(created))
+    return f"{stamp}-{_slug(engine)}-{_slug(cause)}"
+
+
+def _cause(verdict: Verdict | None) -> str:
+    if verdict is None:
+        return "manual"
+    return verdict.cause or verdict.state.value
+
+
+async def _run_step(step: CaptureStep, ctx: CaptureContext, grace_s: float) -> StepResult:
+    """Run one step under its bound. Disk-full errors propagate (the bundle is lost anyway)."""
+    name = getattr(step, "__name__", "step")
+    t0 = time.monotonic()
+    try:
+        res = await asyncio.wait_for(step(ctx), ctx.timeout_s + grace_s)
+    except asyncio.TimeoutError:
+        return StepResult(
+            name,
+            "timeout",
+            detail=f"no result within {ctx.timeout_s:.0f} s",
+            elapsed_s=time.monotonic() - t0,
+        )
+    except OSError as e:
+        if e.errno in _DISK_ERRNOS:
+            raise
+        res = StepResult(name, "failed", detail=f"{type(e).__name__}: {e}")
+    except Exception as e:  # a buggy step must not cost the other steps' evidence
+        res = StepResult(name, "failed", detail=f"{type(e).__name__}: {e}")
+    return res if res.elapsed_s else replace(res, elapsed_s=time.monotonic() - t0)
+
+
+async def _run_steps(
+    steps: Sequence[CaptureStep], ctx: CaptureContext, grace_s: float
+) -> list[StepResult]:
+    """All steps concurrently. If one hits a full disk the others are cancelled and awaited
+    before the caller removes the directory, so none writes into it afterwards."""
+    tasks = [asyncio.ensure_future(_run_step(st, ctx, grace_s)) for st in steps]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _sha256_files(root: Path, owners: Mapping[str, str]) -> list[dict[str, Any]]:
+    files = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        files.append(
+            {
+                "path": rel,
+                "size": path.stat().st_size,
+                "sha256": digest.hexdigest(),
+                "step": owners.get(rel, "bundle"),
+            }
+        )
+    return files
+
+
+def _lock_down(root: Path) -> None:
+    """0700 dirs, 0600 files: steps may have written with the process umask."""
+    os.chmod(root, 0o700)
+    for path in root.rglob("*"):
+        os.chmod(path, 0o700 if path.is_dir() else 0o600)
+
+
+def _verdict_dict(verdict: Verdict | None) -> dict[str, Any] | None:
+    if verdict is None:
+        return None
+    d = asdict(verdict)
+    d["state"] = verdict.state.value
+    return d
+
+
+def _write_evidence(
+    tmp: Path,
+    s: BundleSettings,
+    procs: Sequence[ProcInfo],
+    timeline: Sequence[Mapping[str, Any]],
+    info: SummaryInput,
+    vers: Mapping[str, Any],
+) -> None:
+    """Everything the writer adds itself, then summary.md. Blocking; OSError propagates."""
+    records = evidence.process_records(procs, s.proc_root)
+    write_private(tmp / "processes.json", json.dumps(records, indent=2).encode())
+    write_private(tmp / "versions.json", json.dumps(vers, indent=2).encode())
+    write_private(tmp / "timeline.jsonl", evidence.timeline_jsonl(timeline))
+    if s.engine_log is not None:
+        try:
+            tail = evidence.log_tail(s.engine_log, s.log_tail_bytes)
+        except OSError as e:
+            tail = f"[engine-watchdog] could not read {s.engine_log}: {e.strerror}\n".encode()
+        write_private(tmp / "engine.log", tail)
+    groups = load_groups(tmp, procs, source_reader(s.proc_root))
+    summary = render_summary(replace(info, groups=groups))
+    write_private(tmp / "summary.md", summary.encode())
+
+
+def _manifest(
+    name: str,
+    created: float,
+    s: BundleSettings,
+    verdict: Verdict | None,
+    procs: Sequence[ProcInfo],
+    steps: Sequence[StepResult],
+    elapsed: float,
+) -> dict[str, Any]:
+    """Everything but ``files`` (hashed later, off the loop)."""
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "name": name,
+        "engine_watchdog": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+        "created_unix": created,
+        "engine": s.engine,
+        "cause": _cause(verdict),
+        "trigger": "on-demand" if verdict is None else "verdict",
+        "destructive": s.destructive,
+        "verdict": _verdict_dict(verdict),
+        "processes": [asdict(p) for p in procs],
+        "steps": [
+            {
+                "name": st.name,
+                "status": st.status,
+                "detail": st.detail,
+                "elapsed_s": round(st.elapsed_s, 3),
+                "files": list(st.files),
+            }
+            for st in steps
+        ],
+        "elapsed_s": round(elapsed, 3),
+    }
+
+
+async def write_bundle(
+    settings: BundleSettings,
+    verdict: Verdict | None,
+    procs: Sequence[ProcInfo],
+    timeline: Sequence[Mapping[str, Any]],
+    steps: Sequence[CaptureStep],
+) -> BundleResult:
+    """Capture and write one bundle; raises :class:`BundleError` (nothing left) if it cannot."""
+    t0, created = time.monotonic(), float(settings.clock())
+    name = bundle_name(created, settings.engine, _cause(verdict))
+    tools = dict(settings.tools) if settings.tools is not None else resolve_tools()
+    tmp = await asyncio.to_thread(_make_tmp, settings.incident_dir, name)
+    try:
+        ctx = CaptureContext(
+            tmp, tuple(procs), settings.destructive, settings.step_timeout_s, tools
+        )
+        results, vers = await asyncio.gather(
+            _run_steps(steps, ctx, settings.step_grace_s), evidence.versions(tools.get("py-spy"))
+        )
+        info = SummaryInput(created, settings.engine, verdict, procs, results, timeline)
+        await asyncio.to_thread(_write_evidence, tmp, settings, procs, timeline, info, vers)
+        draft = _manifest(name, created, settings, verdict, procs, results, time.monotonic() - t0)
+        manifest = await asyncio.to_thread(_finish, tmp, draft)
+        final = await asyncio.to_thread(_into_place, tmp, settings, name)
+    except OSError as e:
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+        raise BundleError(_explain(e, settings.incident_dir)) from e
+    except BaseException:
+        await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
+        raise
+    removed = await asyncio.to_thread(
+        prune, settings.incident_dir, settings.keep_count, settings.keep_bytes, final.name
+    )
+    return BundleResult(final, manifest, tuple(results), time.monotonic() - t0, tuple(removed))
+
+
+def _make_tmp(incident_dir: Path, name: str) -> Path:
+    try:
+        return new_tmp_dir(incident_dir, name)
+    except OSError as e:
+        raise BundleError(_explain(e, incident_dir)) from e
+
+
+def _finish(tmp: Path, draft: Mapping[str, Any]) -> dict[str, Any]:
+    """Hash every file into the manifest, write it, lock the tree down. Blocking."""
+    owners = {f: st["name"] for st in draft["steps"] for f in st["files"]}
+    manifest = {**draft, "files": _sha256_files(tmp, owners)}
+    write_private(tmp / "manifest.json", json.dumps(manifest, indent=2).encode())
+    _lock_down(tmp)
+    return manifest
+
+
+def _into_place(tmp: Path, s: BundleSettings, name: str) -> Path:
+    if s.tar:
+        return tar_into_place(tmp, s.incident_dir, name)
+    final = s.incident_dir / name
+    n = 1
+    while final.exists():
+        n += 1
+        final = s.incident_dir / f"{name}-{n}"
+    os.rename(tmp, final)
+    return final
+
+
+def _explain(e: OSError, incident_dir: Path) -> str:
+    if e.errno in _DISK_ERRNOS:
+        return (
+            f"no space left for the bundle in {incident_dir} ({e.strerror}); nothing was "
+            "kept: free space there, point --incident-dir at a larger volume or lower "
+            "the retention (keep_bytes)"
+        )
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (
+            f"cannot write bundles in {incident_dir} ({e.strerror}): choose a writable "
+            "--incident-dir"
+        )
+    return f"could not write the bundle in {incident_dir}: {e}"

@@ -1,0 +1,216 @@
+"""``doctor``: what this host can capture, and the fix for each missing piece.
+
+Checks: ptrace allowed (yama ptrace_scope, CAP_SYS_PTRACE in CapEff, same UID as the engine),
+py-spy present (and, with engine processes, a trial ``--nonblocking`` dump), NVML importable and
+initialisable, cuda-gdb present, the engine's processes visible from here (PID namespace shared).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from engine_watchdog.capture.pyspy import FIX_MISSING, FIX_PERMISSION, classify_error
+from engine_watchdog.capture.tools import resolve_tools, run_bounded
+from engine_watchdog.engines import VLLM, EngineProfile
+from engine_watchdog.model import ProcInfo
+from engine_watchdog.probes.procs import ProcTable, read_status_field, sample_procs
+
+CAP_SYS_PTRACE = 19
+CheckStatus = Literal["ok", "missing", "optional", "skipped"]
+
+FIX_NAMESPACE = (
+    "run the watchdog in the engine's PID namespace (Kubernetes: shareProcessNamespace: true in "
+    "the pod spec; Docker: --pid=container:<engine>), or pass --pid"
+)
+FIX_NVML = (
+    "no NVIDIA driver visible: run on a GPU node with the NVIDIA container toolkit "
+    "(Kubernetes: NVIDIA_VISIBLE_DEVICES=all on the watchdog container) and "
+    "pip install nvidia-ml-py"
+)
+FIX_CUDA_GDB = "install the CUDA toolkit's cuda-gdb (only to summarise CUDA core dumps)"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: CheckStatus
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    checks: tuple[Check, ...]
+    procs: tuple[ProcInfo, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Every required check passed (optional and skipped ones do not count)."""
+        return all(c.status != "missing" for c in self.checks)
+
+
+def has_cap(capeff_hex: str | None, cap: int) -> bool:
+    return capeff_hex is not None and bool(int(capeff_hex, 16) >> cap & 1)
+
+
+def ptrace_check(
+    scope: int | None, cap_ptrace: bool, uid: int, engine_uids: Sequence[int]
+) -> Check:
+    """Can we ptrace the engine? ``scope`` None: no Yama (classic rules: same UID or the cap)."""
+    same_uid = all(u == uid for u in engine_uids)
+    where = f"yama ptrace_scope {scope if scope is not None else 'absent'}, uid {uid}"
+    if scope == 3:
+        return Check(
+            "ptrace",
+            "missing",
+            f"{where}: ptrace disabled until reboot",
+            "no fix on this node: rely on vLLM --watchdog-config dumps instead",
+        )
+    if cap_ptrace:
+        return Check("ptrace", "ok", f"{where}, CAP_SYS_PTRACE held")
+    if scope in (None, 0) and same_uid:
+        return Check("ptrace", "ok", f"{where}, same UID as the engine")
+    reason = {1: "scope 1 allows only descendants", 2: "scope 2 needs CAP_SYS_PTRACE"}.get(
+        scope or 0, f"engine runs as uid {sorted(set(engine_uids))}"
+    )
+    return Check("ptrace", "missing", f"{where}, no CAP_SYS_PTRACE: {reason}", FIX_PERMISSION)
+
+
+def _engine_uids(procs: Sequence[ProcInfo], proc_root: Path) -> list[int]:
+    uids = []
+    for p in procs:
+        line = read_status_field(p.pid, "Uid", proc_root)
+        if line:
+            uids.append(int(line.split()[1]))  # effective UID, what ptrace compares
+    return uids
+
+
+def host_ptrace(procs: Sequence[ProcInfo], proc_root: Path) -> Check:
+    try:
+        text = (proc_root / "sys/kernel/yama/ptrace_scope").read_text().strip()
+        scope: int | None = int(text)
+    except (OSError, ValueError):
+        scope = None
+    cap = has_cap(read_status_field("self", "CapEff", proc_root), CAP_SYS_PTRACE)
+    return ptrace_check(scope, cap, os.geteuid(), _engine_uids(procs, proc_root))
+
+
+async def pyspy_checks(pyspy: str | None, procs: Sequence[ProcInfo]) -> list[Check]:
+    if not pyspy:
+        return [Check("py-spy", "missing", "py-spy not found on PATH", FIX_MISSING)]
+    checks = [Check("py-spy", "ok", pyspy)]
+    target = next((p for p in procs if p.state not in ("gone", "zombie")), None)
+    if target is None:
+        return checks
+    # Non-blocking: the trial must not pause the engine.
+    res = await run_bounded([pyspy, "dump", "--pid", str(target.pid), "--nonblocking"], 15.0)
+    err = res.stderr.decode(errors="replace").strip().splitlines()
+    if res.rc == 0:
+        detail = f"dumped PID {target.pid} ({target.role}) in {res.elapsed_s:.2f} s"
+        checks.append(Check("py-spy trial", "ok", detail))
+    elif res.timed_out:
+        checks.append(Check("py-spy trial", "missing", f"PID {target.pid}: timed out", ""))
+    else:
+        status = classify_error("\n".join(err))
+        fix = FIX_PERMISSION if status == "permission-denied" else ""
+        checks.append(
+            Check("py-spy trial", "missing", f"PID {target.pid}: {err[0] if err else ''}", fix)
+        )
+    return checks
+
+
+def nvml_check(load: Callable[[], Any] = lambda: importlib.import_module("pynvml")) -> Check:
+    """NVML importable and initialisable; how many GPUs it sees. Blocking."""
+    try:
+        nvml = load()
+    except ImportError as e:
+        return Check("nvml", "optional", f"pynvml not importable: {e}", FIX_NVML)
+    try:
+        nvml.nvmlInit()
+    except Exception as e:  # NVMLError and its many subclasses; absent driver is the common one
+        return Check("nvml", "optional", f"NVML not available: {e}", FIX_NVML)
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        driver = nvml.nvmlSystemGetDriverVersion()
+        return Check("nvml", "ok", f"{count} GPU(s), driver {driver}")
+    except Exception as e:
+        return Check("nvml", "optional", f"NVML initialised but failed: {e}", FIX_NVML)
+    finally:
+        nvml.nvmlShutdown()
+
+
+def procs_check(url: str | None, pids: Sequence[int], procs: Sequence[ProcInfo]) -> Check:
+    if not url and not pids:
+        return Check("engine processes", "skipped", "no --url or --pid given")
+    live = [p for p in procs if p.state != "gone"]
+    roles = ", ".join(f"{p.role} {p.pid}" for p in live)
+    if not live:
+        return Check(
+            "engine processes", "missing", f"none visible for {url or list(pids)}", FIX_NAMESPACE
+        )
+    if not any(p.role in ("engine-core", "worker") for p in live):
+        return Check(
+            "engine processes", "missing", f"found {roles} but no engine core", FIX_NAMESPACE
+        )
+    return Check("engine processes", "ok", roles)
+
+
+async def run_doctor(
+    url: str | None = None,
+    pids: Sequence[int] = (),
+    *,
+    profile: EngineProfile = VLLM,
+    tools: dict[str, str] | None = None,
+    proc_root: Path = Path("/proc"),
+    table: ProcTable | None = None,
+    nvml_load: Callable[[], Any] | None = None,
+) -> DoctorReport:
+    """Run every check; blocking parts run in threads."""
+    tools = resolve_tools() if tools is None else tools
+    procs: tuple[ProcInfo, ...] = ()
+    if url or pids:
+        obs = await asyncio.to_thread(
+            sample_procs, url, pids, profile=profile, table=table, proc_root=proc_root
+        )
+        procs = obs.procs
+    nvml = await asyncio.to_thread(nvml_check, *([nvml_load] if nvml_load else []))
+    gdb = tools.get("cuda-gdb")
+    checks = [
+        host_ptrace(procs, proc_root),
+        *await pyspy_checks(tools.get("py-spy"), procs),
+        nvml,
+        Check("cuda-gdb", "ok", gdb)
+        if gdb
+        else Check("cuda-gdb", "optional", "not found", FIX_CUDA_GDB),
+        procs_check(url, pids, procs),
+    ]
+    return DoctorReport(tuple(checks), procs)
+
+
+def render_text(report: DoctorReport) -> str:
+    marks = {"ok": "ok", "missing": "MISSING", "optional": "optional", "skipped": "skipped"}
+    lines = []
+    for c in report.checks:
+        lines.append(f"{marks[c.status]:<9}{c.name:<18}{c.detail}")
+        if c.fix and c.status != "ok":
+            lines.append(f"{'':<27}fix: {c.fix}")
+    lines.append("capture ready" if report.ok else "capture NOT ready: see MISSING above")
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: DoctorReport) -> str:
+    return json.dumps(
+        {
+            "ok": report.ok,
+            "checks": [asdict(c) for c in report.checks],
+            "processes": [asdict(p) for p in report.procs],
+        },
+        indent=2,
+    )

@@ -1,0 +1,137 @@
+"""Evidence the bundle writer adds itself: command lines and environments (secrets redacted),
+versions, the engine's log tail, the metrics timeline. Blocking helpers, run off the loop."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from engine_watchdog import __version__
+from engine_watchdog.capture.tools import run_bounded
+from engine_watchdog.model import ProcInfo
+
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
+# Counts, not secrets: "max-num-batched-tokens", TOKENIZERS_PARALLELISM would hide useful facts.
+_HARMLESS = ("TOKENIZER", "TOKENS")
+REDACTED = "<redacted>"
+_URL_USERINFO = re.compile(r"(://)[^/@\s:]+:[^/@\s]+@")
+
+
+def is_secret_name(name: str) -> bool:
+    """True for env or flag names that may carry a secret (HF_TOKEN, --api-key, AUTH_HEADER)."""
+    upper = name.upper().replace("-", "_")
+    for harmless in _HARMLESS:
+        upper = upper.replace(harmless, "_")
+    return any(word in upper for word in SECRET_WORDS)
+
+
+def _scrub(value: str) -> str:
+    """Hide passwords inside URLs (scheme://user:pass@host)."""
+    return _URL_USERINFO.sub(r"\1" + REDACTED + "@", value)
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: REDACTED if is_secret_name(k) else _scrub(v) for k, v in sorted(env.items())}
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """Hide the values of secret flags (``--api-key X`` and ``--api-key=X``)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next and not arg.startswith("-"):
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        flag, eq, _value = arg.partition("=")
+        if arg.startswith("-") and is_secret_name(flag.lstrip("-")):
+            if eq:
+                out.append(f"{flag}={REDACTED}")
+                continue
+            hide_next = True
+        out.append(_scrub(arg))
+    return out
+
+
+def read_cmdline(pid: int, proc_root: Path) -> list[str]:
+    raw = (proc_root / str(pid) / "cmdline").read_bytes()
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def read_environ(pid: int, proc_root: Path) -> dict[str, str]:
+    raw = (proc_root / str(pid) / "environ").read_bytes()
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, eq, value = item.decode(errors="replace").partition("=")
+        if eq:
+            env[key] = value
+    return env
+
+
+def process_records(procs: Iterable[ProcInfo], proc_root: Path) -> list[dict[str, Any]]:
+    """Each process with its command line and environment, secrets redacted. Blocking."""
+    records: list[dict[str, Any]] = []
+    for p in procs:
+        rec: dict[str, Any] = asdict(p)
+        try:
+            rec["cmdline"] = redact_argv(read_cmdline(p.pid, proc_root))
+        except OSError as e:
+            rec["cmdline_error"] = e.strerror or str(e)
+        try:
+            rec["environ"] = redact_env(read_environ(p.pid, proc_root))
+        except OSError as e:
+            # Another UID's environ needs root or the same UID: say so rather than fail.
+            rec["environ_error"] = e.strerror or str(e)
+        records.append(rec)
+    return records
+
+
+async def versions(pyspy: str | None) -> dict[str, Any]:
+    """engine-watchdog, Python, psutil, py-spy and host versions."""
+    out: dict[str, Any] = {
+        "engine_watchdog": __version__,
+        "python": sys.version.split()[0],
+        "psutil": psutil.__version__,
+        "host": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "machine": platform.machine(),
+            "node": platform.node(),
+        },
+        "py_spy": None,
+    }
+    if pyspy:
+        try:
+            res = await run_bounded([pyspy, "--version"], 5.0)
+            out["py_spy"] = res.stdout.decode(errors="replace").strip() or None
+        except OSError:
+            out["py_spy"] = None
+    return out
+
+
+def log_tail(path: Path, max_bytes: int) -> bytes:
+    """The last ``max_bytes`` of a log, starting on a line boundary. Blocking."""
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        start = max(size - max_bytes, 0)
+        f.seek(start)
+        data = f.read(max_bytes)
+    if start > 0 and b"\n" in data:
+        data = data[data.index(b"\n") + 1 :]
+    return data
+
+
+def timeline_jsonl(timeline: Iterable[Mapping[str, Any]]) -> bytes:
+    """One JSON document per line; values JSON cannot hold are written as strings."""
+    return b"".join(
+        json.dumps(dict(e), default=str, sort_keys=True).encode() + b"\n" for e in timeline
+    )

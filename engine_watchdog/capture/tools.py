@@ -1,0 +1,98 @@
+"""Host helpers shared by the capture steps: tool lookup, bounded subprocesses, private files.
+
+Every subprocess runs in its own session (process group) so a timeout or a cancellation kills it
+and anything it started; nothing here uses a shell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TOOL_NAMES = ("py-spy", "cuda-gdb")
+
+_KILL_WAIT_S = 5.0
+
+
+def find_tool(name: str, path: str | None = None) -> str | None:
+    """Absolute path of ``name`` on PATH, else beside this Python (a venv's bin is often not on
+    PATH when the watchdog runs as ``.venv/bin/python -m engine_watchdog``)."""
+    found = shutil.which(name, path=path)
+    if found:
+        return found
+    if path is None:
+        beside = Path(sys.executable).parent / name
+        if beside.is_file() and os.access(beside, os.X_OK):
+            return str(beside)
+    return None
+
+
+def resolve_tools(path: str | None = None) -> dict[str, str]:
+    """Tool name -> path for every known tool that exists (``CaptureContext.tools``)."""
+    found = {name: find_tool(name, path) for name in TOOL_NAMES}
+    return {name: p for name, p in found.items() if p}
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A finished (or killed) subprocess."""
+
+    rc: int | None
+    """Exit status; None when it ran past its timeout and was killed."""
+    stdout: bytes
+    stderr: bytes
+    elapsed_s: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.rc is None
+
+
+async def run_bounded(argv: Sequence[str], timeout_s: float) -> Completed:
+    """Run ``argv`` with a wall-clock bound; kill its process group on timeout or cancellation.
+
+    Raises OSError when the program cannot be started (missing, not executable).
+    """
+    t0 = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), max(timeout_s, 0.001))
+        return Completed(proc.returncode, out, err, time.monotonic() - t0)
+    except asyncio.TimeoutError:
+        return Completed(None, b"", b"", time.monotonic() - t0)
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(asyncio.TimeoutError, ProcessLookupError):
+                await asyncio.wait_for(proc.wait(), _KILL_WAIT_S)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Create ``path`` (0600; its folder 0700 if missing) and write ``data``; never overwrites.
+
+    Only the last folder level is created: a write that comes after its bundle directory was
+    removed (an aborted bundle) fails instead of re-creating it. OSError (ENOSPC included)
+    propagates: the bundle writer turns it into a clean abort.
+    """
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        # The data must reach the disk now: a full disk found at close() would escape us.
+        os.fsync(f.fileno())

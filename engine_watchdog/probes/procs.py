@@ -1,0 +1,328 @@
+"""Processes probe: find an engine's processes and read their state and CPU time.
+
+Discovery starts from the server's listening port (the API server) and adds its descendants
+(engine cores, workers) and orphaned title-matched engine processes (an engine core whose API
+server died is still ours; one with a live parent belongs to that parent's engine). Where no
+socket at all is visible (another network namespace) every title match is taken; where sockets
+are visible but none on the port, nothing is (a wrong URL must not capture another engine).
+Explicit PIDs (``--pid``) replace the port and bring their descendants.
+
+Host access is passed in: ``table`` (a :class:`ProcTable`, psutil by default) and ``proc_root``
+(for ``/proc/PID/status`` reads), so unit tests use plain data and a fake ``/proc``. Every call
+here blocks (psutil reads ``/proc``): async callers use :func:`sample_procs_async`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import psutil
+
+from engine_watchdog.engines import VLLM, EngineProfile
+from engine_watchdog.model import ProcInfo, ProcsObs
+
+ROLE_ORDER = ("engine-core", "worker", "dp-coordinator", "api-server", "other")
+
+# Role from the title's name after "::" so a custom VLLM_PROCESS_NAME_PREFIX still classifies.
+_TITLE_ROLES = (
+    ("EngineCore", "engine-core"),
+    ("Worker", "worker"),
+    ("DPCoordinator", "dp-coordinator"),
+    ("APIServer", "api-server"),
+)
+
+# psutil status names -> the six states the detector knows (ProcInfo.state); any other status
+# (idle, waking, parked...) is a kind of sleep. A process held by a debugger, or mid py-spy
+# dump (tracing-stop), makes no progress either: stopped.
+_STATES = {
+    "running": "running",
+    "disk-sleep": "disk-wait",
+    "stopped": "stopped",
+    "tracing-stop": "stopped",
+    "zombie": "zombie",
+    "dead": "zombie",
+    "gone": "gone",
+}
+
+TITLE_MAX = 256
+
+FIX_NOT_FOUND = (
+    "check --url (the engine's own port), or run the watchdog where it sees the engine's "
+    "processes and sockets (Kubernetes: a sidecar in the engine's pod with "
+    "shareProcessNamespace: true), or pass --pid"
+)
+
+
+@dataclass(frozen=True)
+class RawProc:
+    """One row of the process table, as read from the host."""
+
+    pid: int
+    ppid: int
+    cmdline: tuple[str, ...]
+    status: str
+    cpu_s: float
+
+
+class ProcTable(Protocol):
+    """The host's process table (psutil on a real host, plain data in tests)."""
+
+    def processes(self) -> Mapping[int, RawProc]:
+        """Every visible process."""
+        ...
+
+    def listeners(self) -> Mapping[int, frozenset[int]]:
+        """TCP port -> PIDs holding a listening socket on it (PIDs we may not see are absent)."""
+        ...
+
+
+class PsutilTable:
+    """ProcTable backed by psutil."""
+
+    _ATTRS = ("pid", "ppid", "cmdline", "status", "cpu_times")
+
+    def processes(self) -> Mapping[int, RawProc]:
+        out: dict[int, RawProc] = {}
+        for p in psutil.process_iter(list(self._ATTRS)):
+            out[p.pid] = _raw(p.info)
+        return out
+
+    def listeners(self) -> Mapping[int, frozenset[int]]:
+        by_port: dict[int, set[int]] = {}
+        try:
+            conns = psutil.net_connections(kind="tcp")
+        except psutil.AccessDenied:  # no socket visible: discovery falls back to titles
+            return {}
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN and c.pid is not None and c.laddr:
+                by_port.setdefault(c.laddr.port, set()).add(c.pid)
+        return {port: frozenset(pids) for port, pids in by_port.items()}
+
+
+def _raw(info: Mapping[str, Any]) -> RawProc:
+    # psutil puts None where it was refused (AccessDenied) or the process vanished mid-read.
+    cmdline = info.get("cmdline") or []
+    times = info.get("cpu_times")
+    cpu = float(times.user + times.system) if times is not None else 0.0
+    return RawProc(
+        pid=int(info["pid"]),
+        ppid=int(info.get("ppid") or 0),
+        cmdline=tuple(str(a) for a in cmdline),
+        status=str(info.get("status") or "gone"),
+        cpu_s=round(cpu, 3),
+    )
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """Which processes make up the engine, and why some may be missing."""
+
+    pids: tuple[int, ...]
+    listening: frozenset[int] = frozenset()
+    """PIDs holding the URL's listening socket (the API server)."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def url_port(url: str) -> int:
+    """The TCP port of an http(s) URL (default 80/443). Raises ValueError for a bad URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL with a host: {url!r}")
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def title_of(cmdline: Sequence[str]) -> str:
+    """The process title: setproctitle rewrites argv, so the joined command line is the title."""
+    return " ".join(a for a in cmdline if a).strip()[:TITLE_MAX]
+
+
+def classify_role(title: str, profile: EngineProfile, listening: bool = False) -> str:
+    """api-server | engine-core | worker | dp-coordinator | other, from the title."""
+    if any(title.startswith(prefix) for prefix in profile.process_titles):
+        name = title.rsplit("::", 1)[-1]
+        for keyword, role in _TITLE_ROLES:
+            if name.startswith(keyword):
+                return role
+    if listening or any(m in title for m in profile.process_cmdline_markers):
+        return "api-server"
+    return "other"
+
+
+def normalise_state(status: str) -> str:
+    """psutil status -> running | sleeping | disk-wait | stopped | zombie | gone."""
+    return _STATES.get(status, "sleeping")
+
+
+def _children_map(procs: Mapping[int, RawProc]) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for p in procs.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    return children
+
+
+def _descendants(roots: Iterable[int], children: Mapping[int, list[int]]) -> set[int]:
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid not in seen:
+            seen.add(pid)
+            stack.extend(children.get(pid, ()))
+    return seen
+
+
+def _ancestors(pid: int, procs: Mapping[int, RawProc]) -> list[int]:
+    out: list[int] = []
+    cur = procs.get(pid)
+    while cur is not None and cur.ppid not in (0, cur.pid) and len(out) < 64:
+        out.append(cur.ppid)
+        cur = procs.get(cur.ppid)
+    return out
+
+
+def select_pids(
+    procs: Mapping[int, RawProc],
+    listeners: Mapping[int, frozenset[int]],
+    profile: EngineProfile,
+    port: int | None = None,
+    explicit: Sequence[int] = (),
+) -> Discovery:
+    """Pure discovery over a process-table snapshot (see the module docstring for the rules)."""
+    children = _children_map(procs)
+    if explicit:
+        members = _descendants(explicit, children) | set(explicit)
+        return Discovery(pids=_ordered(members, procs, profile))
+    listening = listeners.get(port, frozenset()) if port is not None else frozenset()
+    if port is not None and listeners and not listening:
+        # Sockets are visible but none on this port: a wrong URL, not someone else's engine.
+        return Discovery((), notes=(f"no visible process listens on port {port}",))
+    # Several API servers share one socket: keep the topmost holders as roots.
+    roots = {p for p in listening if not set(_ancestors(p, procs)) & listening}
+    members = _descendants(roots, children)
+    for p in procs.values():
+        if p.pid in members or not title_of(p.cmdline).startswith(profile.process_titles):
+            continue
+        # With a listener, only orphans (parent gone: reparented to init, or invisible) join;
+        # a title match with a live parent belongs to whichever engine that parent runs.
+        if not listening or p.ppid <= 1 or p.ppid not in procs:
+            members |= _descendants([p.pid], children)
+    notes = () if listening or port is None else ("no listening sockets visible: used titles",)
+    ordered = _ordered(members, procs, profile, frozenset(listening))
+    return Discovery(ordered, frozenset(listening), notes)
+
+
+def _ordered(
+    pids: Iterable[int],
+    procs: Mapping[int, RawProc],
+    profile: EngineProfile,
+    listening: frozenset[int] = frozenset(),
+) -> tuple[int, ...]:
+    def key(pid: int) -> tuple[int, int]:
+        raw = procs.get(pid)
+        title = title_of(raw.cmdline) if raw else ""
+        return ROLE_ORDER.index(classify_role(title, profile, pid in listening)), pid
+
+    return tuple(sorted(pids, key=key))
+
+
+def read_ns_pid(pid: int, proc_root: Path = Path("/proc")) -> int | None:
+    """The PID in the process's own namespace (last ``NSpid`` entry) when it differs."""
+    value = read_status_field(pid, "NSpid", proc_root)
+    if not value:
+        return None
+    inner = int(value.split()[-1])
+    return inner if inner != pid else None
+
+
+def read_status_field(pid: int | str, name: str, proc_root: Path = Path("/proc")) -> str | None:
+    """One field of ``/proc/PID/status`` (None when the process or the field is absent)."""
+    try:
+        text = (proc_root / str(pid) / "status").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == name:
+            return value.strip()
+    return None
+
+
+def proc_info(
+    pid: int,
+    raw: RawProc | None,
+    profile: EngineProfile,
+    listening: bool = False,
+    proc_root: Path = Path("/proc"),
+) -> ProcInfo:
+    """ProcInfo for one PID; ``raw`` None means the process is gone."""
+    if raw is None:
+        return ProcInfo(pid=pid, ppid=0, role="other", title="", state="gone", cpu_s=0.0)
+    title = title_of(raw.cmdline)
+    return ProcInfo(
+        pid=pid,
+        ppid=raw.ppid,
+        role=classify_role(title, profile, listening),
+        title=title,
+        state=normalise_state(raw.status),
+        cpu_s=raw.cpu_s,
+        ns_pid=read_ns_pid(pid, proc_root),
+    )
+
+
+def discover(
+    url: str | None = None,
+    pids: Sequence[int] = (),
+    *,
+    profile: EngineProfile = VLLM,
+    table: ProcTable | None = None,
+) -> tuple[Discovery, Mapping[int, RawProc]]:
+    """Find the engine's processes from ``url``'s port, or from explicit ``pids``; also returns
+    the process-table snapshot it used. Blocking."""
+    table = table if table is not None else PsutilTable()
+    port = url_port(url) if url and not pids else None
+    listeners = table.listeners() if port is not None else {}
+    snapshot = table.processes()
+    return select_pids(snapshot, listeners, profile, port=port, explicit=pids), snapshot
+
+
+def sample_procs(
+    url: str | None = None,
+    pids: Sequence[int] = (),
+    *,
+    profile: EngineProfile = VLLM,
+    table: ProcTable | None = None,
+    proc_root: Path = Path("/proc"),
+    clock: Callable[[], float] = time.time,
+) -> ProcsObs:
+    """Discover the engine's processes and read each one's state and CPU time. Blocking.
+
+    An explicit PID that does not exist is reported with state ``gone``.
+    """
+    found, snapshot = discover(url, pids, profile=profile, table=table)
+    wanted = list(found.pids) + [p for p in pids if p not in found.pids]
+    infos = tuple(
+        proc_info(pid, snapshot.get(pid), profile, pid in found.listening, proc_root)
+        for pid in wanted
+    )
+    return ProcsObs(t=clock(), procs=infos)
+
+
+async def sample_procs_async(
+    url: str | None = None,
+    pids: Sequence[int] = (),
+    *,
+    profile: EngineProfile = VLLM,
+    table: ProcTable | None = None,
+    proc_root: Path = Path("/proc"),
+    clock: Callable[[], float] = time.time,
+) -> ProcsObs:
+    """:func:`sample_procs` off the event loop."""
+    return await asyncio.to_thread(
+        sample_procs, url, pids, profile=profile, table=table, proc_root=proc_root, clock=clock
+    )

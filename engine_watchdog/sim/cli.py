@@ -1,0 +1,86 @@
+"""``engine-watchdog sim``: a thin click layer over :func:`run_sim`."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from engine_watchdog.sim.server import run_sim
+from engine_watchdog.sim.settings import FAULT_NAMES, SimSettings, SimSettingsError
+
+_D = SimSettings()  # defaults, shown in --help
+
+
+@click.command(name="sim")
+@click.option("--host", default=_D.host, show_default=True, help="Address to bind.")
+@click.option("--port", type=int, default=_D.port, show_default=True, help="API server port.")
+@click.option("--served-model-name", default=_D.served_model_name, show_default=True)
+@click.option(
+    "--tokens-per-second",
+    type=float,
+    default=_D.tokens_per_second,
+    show_default=True,
+    help="Decode rate of each request (engine steps per second; every step gives one token "
+    "to every running request).",
+)
+@click.option("--max-num-seqs", type=int, default=_D.max_num_seqs, show_default=True)
+@click.option(
+    "--kv-capacity-tokens",
+    type=int,
+    default=_D.kv_capacity_tokens,
+    show_default=True,
+    help="KV-cache size in tokens (also the max model length).",
+)
+@click.option(
+    "--prefill-tokens-per-second",
+    type=float,
+    default=_D.prefill_tokens_per_second,
+    show_default=True,
+)
+@click.option("--data-parallel-size", type=int, default=_D.data_parallel_size, show_default=True)
+@click.option("--enable-scale-out", is_flag=True, help="Serve POST /inference/v1/abort_requests.")
+@click.option("--disable-log-stats", is_flag=True, help="No vllm: series, no stats log line.")
+@click.option(
+    "--log-stats-interval",
+    type=float,
+    default=_D.log_stats_interval,
+    show_default=True,
+    envvar="VLLM_LOG_STATS_INTERVAL",
+)
+@click.option(
+    "--preemption/--no-preemption",
+    default=_D.preemption,
+    show_default=True,
+    help="Preempt the newest request when the KV cache is full (else reserve whole requests).",
+)
+@click.option(
+    "--fault",
+    type=click.Choice(FAULT_NAMES),
+    default=_D.fault,
+    show_default=True,
+    help="Fault armed at start-up (change it later with POST /sim/fault).",
+)
+@click.option("--freeze-last-n", type=int, default=_D.freeze_last_n, show_default=True)
+@click.option(
+    "--long-prefill-seconds", type=float, default=_D.long_prefill_seconds, show_default=True
+)
+@click.option(
+    "--slow-tokens-per-second", type=float, default=_D.slow_tokens_per_second, show_default=True
+)
+@click.option("--api-freeze-seconds", type=float, default=_D.api_freeze_seconds, show_default=True)
+@click.pass_context
+def sim_command(ctx: click.Context, /, **options: Any) -> None:
+    """Run a vLLM-compatible engine simulator with injectable faults.
+
+    An API process (HTTP, /metrics) and one engine-core child per data-parallel rank, titled
+    VLLM::EngineCore like vLLM's. Dev endpoints (/pause, /sleep, /abort_requests...) need
+    VLLM_SERVER_DEV_MODE=1, as in vLLM. SIGUSR2 ends an api-freeze.
+    """
+    dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip().lower() in ("1", "true")
+    try:
+        settings = SimSettings(dev_mode=dev_mode, **options)
+    except SimSettingsError as exc:
+        raise click.UsageError(str(exc)) from exc
+    ctx.exit(run_sim(settings))

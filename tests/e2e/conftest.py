@@ -1,0 +1,106 @@
+"""Fixtures for end-to-end tests against a REAL vLLM server on the CPU.
+
+A test module gets one server for all its tests through the module-scoped ``vllm_server``
+fixture. It may tune that server with module attributes::
+
+    VLLM_EXTRA_ARGS = ["--enable-scale-out"]
+    VLLM_EXTRA_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+
+or start servers of its own with ``vllm_server_factory(extra_args=..., extra_env=...)``; every
+server is stopped (its whole process group, SIGCONT first) when the module ends, whatever
+happened. When a test fails, the tail of each live server's log is added to its report.
+
+The vLLM venv and the tiny model are prepared once, after collection and before the first test,
+only when e2e tests were selected, so their cost (minutes, cold) stays outside the per-test
+timeout. ``python tests/e2e/vllm_env.py`` does it ahead of time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+
+import pytest
+
+from .vllm_env import VllmEnv, VllmEnvError, ensure_vllm_env
+from .vllm_server import LIVE_SERVERS, VllmServer, start_server, stop_server
+
+ServerFactory = Callable[..., VllmServer]
+
+_PREPARED: dict[str, VllmEnv | VllmEnvError] = {}
+
+
+def _wants_e2e(items: Sequence[pytest.Item]) -> bool:
+    return any(item.get_closest_marker("e2e") is not None for item in items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Prepare the vLLM venv and model before the first test, if any e2e test will run."""
+    if session.config.option.collectonly or not _wants_e2e(session.items):
+        return
+    started = time.monotonic()
+    try:
+        _PREPARED["env"] = ensure_vllm_env()
+    except VllmEnvError as exc:
+        _PREPARED["env"] = exc
+    elapsed = time.monotonic() - started
+    if elapsed > 1.0:
+        print(f"\n[e2e] vLLM venv and tiny model prepared in {elapsed:.1f} s")
+
+
+@pytest.fixture(scope="session")
+def vllm_env() -> VllmEnv:
+    prepared = _PREPARED.get("env")
+    if prepared is None:  # e.g. a test without the e2e marker asked for it
+        try:
+            prepared = ensure_vllm_env()
+        except VllmEnvError as exc:
+            prepared = exc
+        _PREPARED["env"] = prepared
+    if isinstance(prepared, VllmEnvError):
+        pytest.fail(f"vLLM environment unavailable: {prepared}", pytrace=False)
+    return prepared
+
+
+@pytest.fixture(scope="module")
+def vllm_server_factory(
+    vllm_env: VllmEnv, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerFactory]:
+    """Start real vLLM servers; all of them are stopped when the module ends."""
+    servers: list[VllmServer] = []
+
+    def start(
+        extra_args: Sequence[str] = (), extra_env: Mapping[str, str] | None = None
+    ) -> VllmServer:
+        log_dir = tmp_path_factory.mktemp("vllm")
+        server = start_server(
+            vllm_env, log_dir / "server.log", extra_args=extra_args, extra_env=extra_env
+        )
+        servers.append(server)
+        print(f"\n[e2e] vLLM ready on {server.base_url} in {server.startup_s:.1f} s")
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(request: pytest.FixtureRequest, vllm_server_factory: ServerFactory) -> VllmServer:
+    """One real vLLM server per test module (see the module docstring for tuning)."""
+    extra_args: Sequence[str] = getattr(request.module, "VLLM_EXTRA_ARGS", ())
+    extra_env: Mapping[str, str] | None = getattr(request.module, "VLLM_EXTRA_ENV", None)
+    return vllm_server_factory(extra_args=extra_args, extra_env=extra_env)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        for server in LIVE_SERVERS:
+            report.sections.append((f"vLLM server log tail ({server.log_path})", server.log_tail()))
+    return report

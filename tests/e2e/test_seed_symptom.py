@@ -1,0 +1,115 @@
+"""The seed's symptom (vLLM #40350) on a REAL vLLM: the engine core stops under streaming load
+while the API server keeps answering /health and /metrics with 200. ``engine-watchdog check``
+must call it stalled within --stall-seconds + 5 s, and healthy before and after.
+
+Contract of ``check``: exit 0 healthy or idle, 1 stalled, 2 unreachable or not an engine; with
+``--json`` one JSON object on stdout with at least ``state``, ``cause`` and
+``seconds_without_progress``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .load import StreamingLoad
+from .vllm_server import VllmServer, engine_core_stopped
+
+pytestmark = pytest.mark.e2e
+
+STALL_S = 10.0
+DETECT_BOUND_S = STALL_S + 5.0
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    code: int
+    report: dict[str, Any]
+    seconds: float
+    output: str
+
+
+def watchdog_argv() -> list[str]:
+    """The project's console script beside the running interpreter, else ``-m``."""
+    script = Path(sys.executable).parent / "engine-watchdog"
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "engine_watchdog"]
+
+
+async def run_check(url: str, bound_s: float) -> CheckRun:
+    """``check URL --json --stall-seconds 10``, killed (its whole group) after ``bound_s``."""
+    argv = [*watchdog_argv(), "check", url, "--json", "--stall-seconds", str(STALL_S)]
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), bound_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        pytest.fail(f"`{' '.join(argv)}` still running after {bound_s:.0f} s")
+    seconds = time.monotonic() - started
+    text = out.decode(errors="replace")
+    output = f"exit {proc.returncode}\nstdout: {text}\nstderr: {err.decode(errors='replace')}"
+    assert proc.returncode is not None
+    return CheckRun(proc.returncode, _parse_json(text, output), seconds, output)
+
+
+def _parse_json(stdout: str, output: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    try:
+        report = json.loads(stdout) if len(lines) != 1 else json.loads(lines[0])
+    except ValueError:
+        pytest.fail(f"check --json printed no JSON object:\n{output}")
+    assert isinstance(report, dict), output
+    return report
+
+
+async def test_check_on_idle_server_exits_0(vllm_server: VllmServer) -> None:
+    run = await run_check(vllm_server.base_url, bound_s=STALL_S + 15)
+    assert run.code == 0, run.output
+    assert run.report["state"] in ("idle", "progressing", "healthy"), run.output
+
+
+async def test_sigstopped_engine_core_under_load_is_stalled(vllm_server: VllmServer) -> None:
+    url = vllm_server.base_url
+    async with StreamingLoad(url, clients=4, max_tokens=400) as load:
+        await load.wait_for(chunks=50, in_flight=2, timeout=60)
+        healthy = await run_check(url, bound_s=DETECT_BOUND_S + 10)
+        assert healthy.code == 0, healthy.output
+        assert healthy.seconds < STALL_S, healthy.output
+
+        async with engine_core_stopped(vllm_server):
+            stalled = await run_check(url, bound_s=DETECT_BOUND_S + 10)
+            in_flight = load.in_flight
+        outcome = await load.stop(drain_s=60)
+
+    print(f"\n[e2e] healthy verdict in {healthy.seconds:.1f} s, stalled in {stalled.seconds:.1f} s")
+    assert stalled.code == 1, stalled.output
+    assert stalled.seconds <= DETECT_BOUND_S, stalled.output
+    assert stalled.report["state"] == "stalled", stalled.output
+    assert isinstance(stalled.report["cause"], str) and stalled.report["cause"], stalled.output
+    assert float(stalled.report["seconds_without_progress"]) >= STALL_S - 1, stalled.output
+    assert in_flight > 0
+    assert (outcome.hanging, outcome.errored) == (0, 0), outcome
+    assert outcome.completed >= in_flight
+
+    after = await run_check(url, bound_s=STALL_S + 15)
+    assert after.code == 0, after.output

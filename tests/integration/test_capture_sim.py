@@ -1,0 +1,60 @@
+"""Capture of a deadlocked simulator: the bundle's stacks show the blocked frame in the engine
+core (fixtures from tests/integration/conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_watchdog.capture.bundle import BundleSettings, write_bundle
+from engine_watchdog.capture.pyspy import pyspy_step
+from engine_watchdog.capture.tools import resolve_tools
+from engine_watchdog.model import State, Verdict
+from engine_watchdog.probes.procs import sample_procs_async
+
+pytestmark = pytest.mark.skipif(not resolve_tools().get("py-spy"), reason="py-spy not installed")
+
+
+async def engine_fault_state(sim_http: Any, sim: Any) -> str:
+    status, doc = await sim_http.get(sim, "/sim/fault")
+    return str(doc["engines"]["0"]["state"]) if status == 200 else ""
+
+
+async def test_bundle_of_a_deadlocked_simulator_shows_the_blocked_frame(
+    sim_factory: Any, sim_http: Any, poll: Any, tmp_path: Path
+) -> None:
+    sim = await sim_factory("--fault", "deadlock")
+    events: list[Any] = []
+    stream = asyncio.create_task(sim_http.stream(sim, events, max_tokens=50))
+    try:
+
+        async def fired() -> bool:
+            return await engine_fault_state(sim_http, sim) == "fired"
+
+        await poll(fired, timeout=20.0, what="deadlock fired in the engine core")
+        obs = await sample_procs_async(sim.url)
+        roles = {p.role for p in obs.procs}
+        assert {"api-server", "engine-core"} <= roles
+        verdict = Verdict(t=obs.t, engine="0", state=State.STALLED, cause="host-deadlock")
+        timeline = [{"t": obs.t, "kind": "procs", "procs": [p.pid for p in obs.procs]}]
+        res = await write_bundle(
+            BundleSettings(incident_dir=tmp_path), verdict, obs.procs, timeline, [pyspy_step()]
+        )
+    finally:
+        stream.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await stream
+    assert res.steps[0].status == "ok", res.steps[0].detail
+    core = next(p for p in obs.procs if p.role == "engine-core")
+    stacks = json.loads((res.path / "pyspy" / f"{core.pid}.json").read_text())
+    frames = [f["name"] for th in stacks for f in th["frames"]]
+    assert any(name.endswith("_step_with_lock") for name in frames)
+    summary = (res.path / "summary.md").read_text()
+    assert "blocked acquiring a lock in _step_with_lock" in summary
+    assert summary.startswith("# vllm stalled (host-deadlock)")
+    assert res.path.name.endswith("-vllm-host-deadlock")

@@ -1,0 +1,147 @@
+"""doctor's checks and the capture/doctor CLI's input errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from engine_watchdog.capture.cli import EX_USAGE, capture_command, doctor_command
+from engine_watchdog.capture.doctor import (
+    DoctorReport,
+    has_cap,
+    nvml_check,
+    procs_check,
+    ptrace_check,
+    render_json,
+    render_text,
+    run_doctor,
+)
+from engine_watchdog.model import ProcInfo
+
+
+@pytest.mark.parametrize(
+    ("scope", "cap", "uids", "status", "words"),
+    [
+        (None, False, [0], "ok", "same UID"),
+        (0, False, [1000], "missing", "uid [1000]"),
+        (1, False, [0], "missing", "descendants"),
+        (2, False, [0], "missing", "needs CAP_SYS_PTRACE"),
+        (2, True, [1000], "ok", "CAP_SYS_PTRACE held"),
+        (3, True, [0], "missing", "disabled until reboot"),
+    ],
+)
+def test_ptrace_matrix(
+    scope: int | None, cap: bool, uids: list[int], status: str, words: str
+) -> None:
+    check = ptrace_check(scope, cap, 0, uids)
+    assert check.status == status and words in check.detail
+    if status == "missing" and scope != 3:
+        assert "SYS_PTRACE" in check.fix and "ptrace_scope" in check.fix
+
+
+def test_has_cap() -> None:
+    assert has_cap("000001fffeffffff", 19)
+    assert not has_cap("00000000a80425fb", 19)  # Docker's default set: no SYS_PTRACE
+    assert not has_cap(None, 19)
+
+
+def fake_nvml(**fail: Exception) -> Any:
+    def call(name: str, value: Any) -> Any:
+        def fn() -> Any:
+            if name in fail:
+                raise fail[name]
+            return value
+
+        return fn
+
+    return SimpleNamespace(
+        nvmlInit=call("init", None),
+        nvmlShutdown=call("shutdown", None),
+        nvmlDeviceGetCount=call("count", 2),
+        nvmlSystemGetDriverVersion=call("driver", "580.1"),
+    )
+
+
+def test_nvml_check() -> None:
+    assert nvml_check(lambda: fake_nvml()).detail == "2 GPU(s), driver 580.1"
+    check = nvml_check(lambda: fake_nvml(init=RuntimeError("NVML Shared Library Not Found")))
+    assert check.status == "optional" and "Not Found" in check.detail and "toolkit" in check.fix
+
+    def no_module() -> Any:
+        raise ImportError("no pynvml")
+
+    assert "nvidia-ml-py" in nvml_check(no_module).fix
+
+
+def test_procs_check() -> None:
+    core = ProcInfo(
+        pid=2, ppid=1, role="engine-core", title="VLLM::EngineCore", state="sleeping", cpu_s=0
+    )
+    api = ProcInfo(pid=1, ppid=0, role="api-server", title="vllm", state="sleeping", cpu_s=0)
+    assert procs_check(None, (), ()).status == "skipped"
+    assert procs_check("http://h:1", (), ()).fix.startswith("run the watchdog in the engine's PID")
+    assert "no engine core" in procs_check("http://h:1", (), (api,)).detail
+    assert procs_check("http://h:1", (), (api, core)).status == "ok"
+
+
+async def test_doctor_here_without_pyspy_or_gpu() -> None:
+    report = await run_doctor(tools={}, nvml_load=lambda: fake_nvml(init=RuntimeError("no GPU")))
+    by_name = {c.name: c for c in report.checks}
+    assert by_name["py-spy"].status == "missing" and "pip install py-spy" in by_name["py-spy"].fix
+    assert by_name["nvml"].status == "optional"
+    assert by_name["engine processes"].status == "skipped"
+    assert not report.ok
+    text = render_text(report)
+    assert "MISSING  py-spy" in text and "fix: py-spy is not installed" in text
+    assert json.loads(render_json(report))["ok"] is False
+
+
+def test_report_ok_ignores_optional() -> None:
+    assert DoctorReport(()).ok
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "say which engine: --url"),
+        (["--url", "localhost:8000"], "is not an http(s) URL: use e.g. http://127.0.0.1:8000"),
+        (["--url", "http://127.0.0.1:1", "--pid", "1"], "not both"),
+        (["--pid", "-4"], "positive process ID"),
+        (["--pid", "abc"], "is not a valid integer"),
+        (["--pid", "1", "--timeout", "0"], "--timeout"),
+        (["--pid", "1", "--engine-log", "/nonexistent/log"], "not a readable file"),
+        (["--pid", "2147483646"], "no process with PID 2147483646"),
+        (["--url", "http://127.0.0.1:{port}"], "shareProcessNamespace"),
+    ],
+)
+def test_capture_bad_input_exits_64_with_the_fix(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    args = [a.format(port=free_port()) for a in args]
+    result = CliRunner().invoke(
+        capture_command, [*args, "--incident-dir", str(tmp_path)], obj={"tools": {}}
+    )
+    assert result.exit_code == EX_USAGE, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_doctor_cli_bad_url_and_json() -> None:
+    result = CliRunner().invoke(doctor_command, ["--url", "nonsense"], obj={"tools": {}})
+    assert result.exit_code == EX_USAGE and "http(s) URL" in result.output
+    result = CliRunner().invoke(doctor_command, ["--json"], obj={"tools": {}})
+    assert result.exit_code == 1  # py-spy missing (tools injected empty)
+    assert json.loads(result.output)["checks"][1]["name"] == "py-spy"
