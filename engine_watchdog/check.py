@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,8 @@ from engine_watchdog.report.console import verdict_dict
 from engine_watchdog.watcher import Watcher
 
 EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, EXIT_UNDECIDED = 0, 1, 2, 3
+FLEET_CONCURRENCY = 100
+"""Engines judged at once; each holds a connection or two to its engine."""
 # Scrape errors that will not heal by waiting: give up at once.
 _HOPELESS = ("connection-refused", "no-engine-series", "http-404", "too-large")
 _QUIET = (State.IDLE, State.SLEEPING)
@@ -72,15 +75,57 @@ def at_timeout(verdicts: dict[str, Verdict]) -> int:
     return EXIT_OK
 
 
-async def run_check(settings: WatchSettings, timeout_s: float) -> CheckResult:
+async def run_check(
+    settings: WatchSettings, timeout_s: float, session: aiohttp.ClientSession | None = None
+) -> CheckResult:
     """Observe until the verdict is conclusive or ``timeout_s`` runs out."""
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        watcher = Watcher(settings, session)
-        try:
-            return await _observe(watcher, deadline)
-        finally:
-            watcher.close()
+    if session is None:
+        async with aiohttp.ClientSession() as own:
+            return await run_check(settings, timeout_s, own)
+    watcher = Watcher(settings, session)
+    try:
+        return await _observe(watcher, time.monotonic() + timeout_s)
+    finally:
+        watcher.close()
+
+
+async def run_checks(
+    settings: Sequence[WatchSettings], timeout_s: float, concurrency: int = FLEET_CONCURRENCY
+) -> list[CheckResult]:
+    """Judge many engines concurrently (bounded), one result each, in the order given."""
+    gate = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+
+    async def one(s: WatchSettings, session: aiohttp.ClientSession) -> CheckResult:
+        async with gate:
+            return await run_check(s, timeout_s, session)
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+        return list(await asyncio.gather(*(one(s, session) for s in settings)))
+
+
+def worst_code(codes: Sequence[int]) -> int:
+    """A stalled engine outranks an unreachable one, which outranks an undecided one."""
+    for code in (EXIT_STALLED, EXIT_UNREACHABLE, EXIT_UNDECIDED):
+        if code in codes:
+            return code
+    return EXIT_OK
+
+
+def fleet_document(docs: list[dict[str, Any]], code: int) -> dict[str, Any]:
+    return {"exit_code": code, "summary": _counts(docs), "targets": docs}
+
+
+def summary_line(docs: list[dict[str, Any]]) -> str:
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(_counts(docs).items()))
+    return f"{len(docs)} targets: {counts}"
+
+
+def _counts(docs: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for doc in docs:
+        counts[doc["state"]] = counts.get(doc["state"], 0) + 1
+    return counts
 
 
 async def _observe(watcher: Watcher, deadline: float) -> CheckResult:

@@ -9,271 +9,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shlex
 import sys
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from engine_watchdog import __version__
-from engine_watchdog.config import (
-    ProbeSettings,
-    SettingsError,
-    WatchSettings,
-    normalise_url,
-    parse_actions,
-    validate,
+from engine_watchdog.config import SettingsError, WatchSettings
+from engine_watchdog.options import (
+    F,
+    action_options,
+    env_name,
+    policy_from,
+    probe_options,
+    settings_from,
+    target_options,
+    target_urls,
 )
-from engine_watchdog.detector import DetectorSettings
-from engine_watchdog.engines import PROFILES
-from engine_watchdog.recovery.history import RateLimit
-from engine_watchdog.supervisor import PolicySettings
 
 EXIT_USAGE = 64
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _env(name: str) -> str:
-    return "ENGINE_WATCHDOG_" + name.upper().replace("-", "_")
-
-
-def probe_options(func: F) -> F:
-    """Options shared by every command that watches an engine."""
-    options = [
-        click.argument("url", envvar=_env("url")),
-        click.option(
-            "--engine",
-            type=click.Choice(sorted(PROFILES)),
-            default="vllm",
-            envvar=_env("engine"),
-            show_default=True,
-            help="Engine profile.",
-        ),
-        click.option(
-            "--interval",
-            type=float,
-            default=1.0,
-            envvar=_env("interval"),
-            show_default=True,
-            help="Seconds between probe rounds.",
-        ),
-        click.option(
-            "--stall-seconds",
-            type=float,
-            default=30.0,
-            envvar=_env("stall-seconds"),
-            show_default=True,
-            help="No progress this long with work present: stalled.",
-        ),
-        click.option(
-            "--suspect-seconds",
-            type=float,
-            default=5.0,
-            envvar=_env("suspect-seconds"),
-            show_default=True,
-            help="No progress this long with work present: suspect.",
-        ),
-        click.option(
-            "--startup-grace",
-            type=float,
-            default=10.0,
-            envvar=_env("startup-grace"),
-            show_default=True,
-            help="No stall verdict this long after the first scrape.",
-        ),
-        click.option(
-            "--scrape-timeout",
-            type=float,
-            default=10.0,
-            envvar=_env("scrape-timeout"),
-            show_default=True,
-            help="Timeout of one /metrics or /health request.",
-        ),
-        click.option(
-            "--fast-stall-seconds",
-            type=float,
-            default=10.0,
-            envvar=_env("fast-stall-seconds"),
-            show_default=True,
-            help="Stalled this soon with strong evidence (stopped process, GPU spin, canary).",
-        ),
-        click.option(
-            "--canary/--no-canary",
-            default=True,
-            envvar=_env("canary"),
-            show_default=True,
-            help="Send a 1-token request when in doubt.",
-        ),
-        click.option(
-            "--canary-after",
-            type=float,
-            default=5.0,
-            envvar=_env("canary-after"),
-            show_default=True,
-            help="Send a canary once progress has been flat this long with work present.",
-        ),
-        click.option(
-            "--idle-canary-interval",
-            type=float,
-            default=60.0,
-            envvar=_env("idle-canary-interval"),
-            show_default=True,
-            help="Send a canary this often while the engine looks idle.",
-        ),
-        click.option(
-            "--canary-timeout",
-            type=float,
-            default=8.0,
-            envvar=_env("canary-timeout"),
-            show_default=True,
-            help="A canary slower than this has failed.",
-        ),
-        click.option(
-            "--gpu/--no-gpu",
-            default=True,
-            envvar=_env("gpu"),
-            show_default=True,
-            help="Sample GPUs through NVML.",
-        ),
-        click.option(
-            "--pid",
-            "pids",
-            type=int,
-            multiple=True,
-            envvar=_env("pid"),
-            help="Engine process (repeatable); default: found from the URL's port.",
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def action_options(default_actions: str) -> Callable[[F], F]:
-    """Options of the commands that may act (watch, run)."""
-    options = [
-        click.option(
-            "--action",
-            "actions",
-            multiple=True,
-            default=(default_actions,),
-            envvar=_env("action"),
-            show_default=True,
-            help="Rungs that may run: none or any of capture,abort,restart,liveness "
-            "(repeatable or comma-separated; the order is fixed).",
-        ),
-        click.option("--dry-run", is_flag=True, envvar=_env("dry-run"), help="Log actions only."),
-        click.option(
-            "--abort-grace",
-            type=float,
-            default=15.0,
-            envvar=_env("abort-grace"),
-            show_default=True,
-            help="Seconds for progress to resume after an abort.",
-        ),
-        click.option(
-            "--max-restarts",
-            type=int,
-            default=3,
-            envvar=_env("max-restarts"),
-            show_default=True,
-            help="At most this many restarts per --restart-window.",
-        ),
-        click.option(
-            "--restart-window",
-            type=float,
-            default=3600.0,
-            envvar=_env("restart-window"),
-            show_default=True,
-            help="Seconds the restart limit counts over.",
-        ),
-        click.option(
-            "--restart-backoff",
-            type=float,
-            default=30.0,
-            envvar=_env("restart-backoff"),
-            show_default=True,
-            help="Wait this, doubling per restart in the window, between restarts.",
-        ),
-        click.option(
-            "--restart-command",
-            default="",
-            envvar=_env("restart-command"),
-            help="Restart the engine with this command (split like a shell, run without one).",
-        ),
-        click.option(
-            "--incident-dir",
-            type=click.Path(file_okay=False, path_type=Path),
-            default=Path("incidents"),
-            envvar=_env("incident-dir"),
-            show_default=True,
-            help="Where incident bundles and the action history go.",
-        ),
-        click.option(
-            "--engine-log",
-            type=click.Path(dir_okay=False, path_type=Path),
-            envvar=_env("engine-log"),
-            help="The engine's log file (its tail goes into bundles).",
-        ),
-        click.option("--tar", is_flag=True, envvar=_env("tar"), help="Bundles as .tar.gz."),
-        click.option(
-            "--alertmanager",
-            envvar=_env("alertmanager"),
-            help="Alertmanager base URL: push stall alerts there (API v2), resolve on recovery.",
-        ),
-    ]
-
-    def decorate(func: F) -> F:
-        for option in reversed(options):
-            func = option(func)
-        return func
-
-    return decorate
-
-
-def policy_from(kw: dict[str, Any]) -> dict[str, Any]:
-    """The WatchSettings fields that the action options fill."""
-    policy = PolicySettings(
-        actions=parse_actions(kw.pop("actions")),
-        dry_run=kw.pop("dry_run"),
-        abort_grace_s=kw.pop("abort_grace"),
-        rate_limit=RateLimit(
-            kw.pop("max_restarts"), kw.pop("restart_window"), kw.pop("restart_backoff")
-        ),
-    )
-    return {
-        "policy": policy,
-        "incident_dir": kw.pop("incident_dir"),
-        "engine_log": kw.pop("engine_log"),
-        "tar": kw.pop("tar"),
-        "restart_command": tuple(shlex.split(kw.pop("restart_command"))),
-        "alertmanager": normalise_url(am) if (am := kw.pop("alertmanager")) else None,
-    }
-
-
-def settings_from(kw: dict[str, Any], **extra: Any) -> WatchSettings:
-    probe = ProbeSettings(
-        interval_s=kw["interval"],
-        scrape_timeout_s=kw["scrape_timeout"],
-        canary=kw["canary"],
-        canary_timeout_s=kw["canary_timeout"],
-        gpu=kw["gpu"],
-        pids=tuple(kw["pids"]),
-    )
-    detector = DetectorSettings(
-        stall_seconds=kw["stall_seconds"],
-        suspect_seconds=kw["suspect_seconds"],
-        startup_grace_seconds=kw["startup_grace"],
-        fast_stall_seconds=kw["fast_stall_seconds"],
-        canary_after_seconds=kw["canary_after"],
-        idle_canary_seconds=kw["idle_canary_interval"],
-    )
-    settings = WatchSettings(
-        url=normalise_url(kw["url"]), engine=kw["engine"], probe=probe, detector=detector, **extra
-    )
-    return validate(settings)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -288,43 +44,49 @@ def cli(verbose: bool) -> None:
     )
 
 
+def listen_option(func: F) -> F:
+    return click.option(
+        "--listen",
+        default="127.0.0.1:9400",
+        envvar=env_name("listen"),
+        show_default=True,
+        help="host:port of the watchdog's /metrics /livez /readyz /status ('' for none).",
+    )(func)
+
+
 @cli.command()
+@target_options
 @probe_options
-@click.option(
-    "--listen",
-    default="127.0.0.1:9400",
-    envvar=_env("listen"),
-    show_default=True,
-    help="host:port of the watchdog's /metrics /livez /readyz /status ('' for none).",
-)
-@click.option("--json", "json_lines", is_flag=True, envvar=_env("json"), help="JSON lines.")
+@listen_option
+@click.option("--json", "json_lines", is_flag=True, envvar=env_name("json"), help="JSON lines.")
 @click.option(
     "--record",
     type=click.Path(dir_okay=False, path_type=Path),
-    envvar=_env("record"),
-    help="Append every observation to this JSON Lines trace.",
+    envvar=env_name("record"),
+    help="Append every observation to this JSON Lines trace (one engine only).",
 )
 @action_options("capture")
 def watch(listen: str, json_lines: bool, record: Path | None, **kw: Any) -> None:
-    """Watch an engine; print every state transition; act on stalls (--action)."""
+    """Watch engines; print every state transition; act on stalls (--action).
+
+    One process can watch many engines (a per-node DaemonSet): give several URLs, --targets or
+    --selector; their metrics carry a ``target`` label.
+    """
     from engine_watchdog.runner import run_watch
 
+    urls = target_urls(kw)
+    if record and len(urls) > 1:
+        raise SettingsError("--record takes one engine; record each engine separately")
     policy = policy_from(kw)
-    settings = settings_from(
-        kw, listen=listen or None, json_lines=json_lines, record=record, **policy
-    )
+    extra = {"listen": listen or None, "json_lines": json_lines, "record": record, **policy}
+    settings = [fleet(settings_from(dict(kw), url, **extra), len(urls)) for url in urls]
     sys.exit(asyncio.run(run_watch(settings)))
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
+@click.argument("url", envvar=env_name("url"))
 @probe_options
-@click.option(
-    "--listen",
-    default="127.0.0.1:9400",
-    envvar=_env("listen"),
-    show_default=True,
-    help="host:port of the watchdog's own endpoints ('' for none).",
-)
+@listen_option
 @click.option("--json", "json_lines", is_flag=True, help="JSON lines.")
 @action_options("capture,abort,restart")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -341,28 +103,45 @@ def run(listen: str, json_lines: bool, command: tuple[str, ...], **kw: Any) -> N
 
 
 @cli.command()
+@target_options
 @probe_options
 @click.option(
     "--timeout",
     type=float,
     default=None,
-    envvar=_env("timeout"),
+    envvar=env_name("timeout"),
     help="Observe at most this long [default: --stall-seconds + 10].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 def check(timeout: float | None, as_json: bool, **kw: Any) -> None:
-    """One-shot verdict: exit 0 healthy/idle, 1 stalled, 2 unreachable, 3 undecided."""
-    from engine_watchdog.check import run_check
+    """One-shot verdict: exit 0 healthy/idle, 1 stalled, 2 unreachable, 3 undecided.
 
-    settings = settings_from(kw)
-    budget = timeout if timeout is not None else settings.detector.stall_seconds + 10
-    result = asyncio.run(run_check(settings, budget))
-    doc = result.as_dict(settings.url)
+    Several engines are judged concurrently: one line each, a summary, the worst exit code.
+    """
+    from engine_watchdog.check import fleet_document, run_checks, summary_line, worst_code
+
+    urls = target_urls(kw)
+    settings = [fleet(settings_from(dict(kw), url), len(urls)) for url in urls]
+    budget = timeout if timeout is not None else settings[0].detector.stall_seconds + 10
+    results = asyncio.run(run_checks(settings, budget))
+    docs = [r.as_dict(s.url) for r, s in zip(results, settings, strict=True)]
+    code = worst_code([r.code for r in results])
     if as_json:
-        click.echo(json.dumps(doc))
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else fleet_document(docs, code)))
     else:
-        click.echo(f"{settings.url}: {check_line(doc)}")
-    sys.exit(result.code)
+        for doc in docs:
+            click.echo(f"{doc['target']}: {check_line(doc)}")
+        if len(docs) > 1:
+            click.echo(summary_line(docs))
+    sys.exit(code)
+
+
+def fleet(settings: WatchSettings, count: int) -> WatchSettings:
+    """With many targets, no per-target process table scan or NVML: the metrics, /health and
+    the canary judge them (process and GPU evidence needs the engine on this machine)."""
+    if count == 1:
+        return settings
+    return replace(settings, probe=replace(settings.probe, procs=False, gpu=False))
 
 
 def check_line(doc: dict[str, Any]) -> str:

@@ -104,7 +104,10 @@ class Detector:
                 if flat_long and (last_sent is None or last_sent < k.quiet_since):
                     return "flat"
         all_idle = bool(tracks) and all(k.verdict.state is State.IDLE for k in tracks)
-        idle_due = last_sent is None or t - last_sent >= self.settings.idle_canary_seconds
+        idle_since = max((k.verdict.since or t for k in tracks), default=t)
+        idle_due = t - idle_since >= self.settings.canary_after_seconds and (
+            last_sent is None or t - last_sent >= self.settings.idle_canary_seconds
+        )
         return "idle" if all_idle and idle_due else None
 
     # -- observations ----------------------------------------------------------------------

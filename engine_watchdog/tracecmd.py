@@ -10,15 +10,16 @@ from typing import Any
 
 import click
 
-from engine_watchdog.cli import probe_options, settings_from
 from engine_watchdog.detector import DetectorSettings
 from engine_watchdog.engines import PROFILES
+from engine_watchdog.options import probe_options, settings_from
 from engine_watchdog.replay import replay as run_replay
 from engine_watchdog.replay import replay_document
 from engine_watchdog.report.console import transition_line
 
 
 @click.command()
+@click.argument("url")
 @probe_options
 @click.option(
     "-o",

@@ -19,12 +19,20 @@ import aiohttp
 from engine_watchdog.config import WatchSettings
 from engine_watchdog.detector import Detector
 from engine_watchdog.engines import PROFILES
-from engine_watchdog.model import CanaryObs, HealthObs, Observation, ScrapeObs, Transition, Verdict
+from engine_watchdog.model import (
+    CanaryObs,
+    HealthObs,
+    Observation,
+    ProcsObs,
+    ScrapeObs,
+    Transition,
+    Verdict,
+)
 from engine_watchdog.probes.canary import Canary
+from engine_watchdog.probes.engine_procs import ProcsProbe
 from engine_watchdog.probes.exposition import filter_body
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.metrics import error_code, parse_scrape, scrape
-from engine_watchdog.probes.procs import sample_procs_async
 from engine_watchdog.trace import encode, encode_scrape
 
 log = logging.getLogger(__name__)
@@ -61,6 +69,8 @@ class Watcher:
             session, self.target, self.profile, settings.probe.canary_timeout_s, clock
         )
         self._canary_task: asyncio.Task[CanaryObs] | None = None
+        pids = settings.probe.pids
+        self.procs = ProcsProbe(None if pids else self.target, pids, self.profile, clock=clock)
         self.gpu = (
             gpu if gpu is not None else (GpuProbe(load_nvml()) if settings.probe.gpu else None)
         )
@@ -130,10 +140,7 @@ class Watcher:
         return obs
 
     async def _procs(self) -> Observation:
-        pids = self.settings.probe.pids
-        obs = await sample_procs_async(
-            None if pids else self.target, pids, profile=self.profile, clock=self.clock
-        )
+        obs: ProcsObs = await asyncio.to_thread(self.procs.sample)
         self._remember(encode(obs))
         return obs
 

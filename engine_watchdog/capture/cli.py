@@ -16,10 +16,11 @@ import click
 
 from engine_watchdog.capture.bundle import BundleError, BundleResult, BundleSettings, write_bundle
 from engine_watchdog.capture.doctor import render_json, render_text, run_doctor
-from engine_watchdog.capture.pyspy import pyspy_step
 from engine_watchdog.capture.step import CaptureStep
+from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.engines import VLLM
 from engine_watchdog.model import ProcInfo
+from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import FIX_NOT_FOUND, sample_procs, url_port
 
 EX_USAGE = 64
@@ -59,8 +60,9 @@ def _tools(ctx: click.Context) -> dict[str, str] | None:
 
 
 def default_steps() -> list[CaptureStep]:
-    """The non-destructive steps of an on-demand bundle."""
-    return [pyspy_step()]
+    """The non-destructive steps of an on-demand bundle (the GPU snapshot where NVML works)."""
+    gpu = GpuProbe(load_nvml())
+    return capture_steps(destructive=False, gpu=None if gpu.start() else gpu)
 
 
 def _check_target(url: str | None, pids: Sequence[int]) -> None:

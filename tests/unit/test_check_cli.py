@@ -62,7 +62,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         ),
         (["watch", "http://127.0.0.1:8000", "--listen", "nope"], "host:port"),
         (["check", "--nope"], "No such option"),
-        (["check"], "Missing argument"),
+        (["check"], "no target: give URL(s)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_64(args: list[str], needle: str) -> None:

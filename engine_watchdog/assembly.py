@@ -1,0 +1,174 @@
+"""One watched target, assembled: watcher, reporters, supervisor, supervised child, trace.
+
+``watch`` runs one of these per engine (a per-node DaemonSet watches many); ``run`` runs one with
+a supervised child. Nothing here loops: the runner owns the tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from engine_watchdog.capture.bundle import BundleSettings
+from engine_watchdog.capture.steps import capture_steps
+from engine_watchdog.config import WatchSettings
+from engine_watchdog.model import Transition, Verdict
+from engine_watchdog.recovery.actions import EngineActions, RecoverySettings
+from engine_watchdog.recovery.history import ActionHistory
+from engine_watchdog.recovery.supervise import ChildEngine
+from engine_watchdog.report.alertmanager import AlertmanagerReporter
+from engine_watchdog.report.console import transition_json, transition_line
+from engine_watchdog.report.metrics import WatchdogMetrics
+from engine_watchdog.supervisor import Outcome, Supervisor
+from engine_watchdog.trace import TraceWriter
+from engine_watchdog.watcher import Reporter, Watcher
+
+log = logging.getLogger(__name__)
+HISTORY_FILE = "actions.jsonl"
+Task = Coroutine[Any, Any, None]
+
+
+class ConsoleReporter:
+    """Prints each transition as one line (readable or JSON)."""
+
+    def __init__(self, json_lines: bool, out: Callable[[str], None] = print) -> None:
+        self.json_lines = json_lines
+        self.out = out
+
+    def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
+        for change in changes:
+            line = transition_json if self.json_lines else transition_line
+            self.out(line(change, target))
+
+
+class MetricsReporter:
+    """Verdicts into the watchdog's own metrics; every probe's result via the watcher's records."""
+
+    PROBES = {"scrape": "metrics", "health": "health", "canary": "canary", "gpu": "gpu"}
+
+    def __init__(self, metrics: WatchdogMetrics, watcher: Watcher) -> None:
+        self.metrics = metrics
+        self.watcher = watcher
+        metrics.start_target(watcher.target)
+        watcher.listeners.append(self.on_record)
+
+    def on_record(self, rec: dict[str, Any]) -> None:
+        kind = str(rec.get("kind"))
+        probe = self.PROBES.get(kind, kind)
+        ok = rec["ok"] if "ok" in rec else rec.get("error") is None
+        self.metrics.observe_probe(self.watcher.target, probe, float(rec["t"]), bool(ok))
+        if kind == "scrape" and rec.get("elapsed_s") is not None:
+            self.metrics.scrape_duration.labels(self.watcher.target).observe(rec["elapsed_s"])
+
+    def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
+        self.metrics.update(target, verdicts, changes)
+
+
+class ActionMetrics:
+    """Every action's result as a metric, and the restart-limit gauge."""
+
+    def __init__(self, metrics: WatchdogMetrics) -> None:
+        self.metrics = metrics
+
+    def on_action(self, target: str, action: str, phase: str, outcome: Outcome | None) -> None:
+        if phase != "end" or outcome is None:
+            return
+        self.metrics.actions.labels(target, action, outcome.result.replace("-", "_")).inc()
+        if action == "restart":
+            limited = 1 if outcome.result == "rate_limited" else 0
+            self.metrics.restart_limit.labels(target).set(limited)
+
+
+@dataclass
+class Target:
+    """Everything that watches one engine."""
+
+    settings: WatchSettings
+    watcher: Watcher
+    reporters: list[Reporter]
+    supervisor: Supervisor | None = None
+    child: ChildEngine | None = None
+    writer: TraceWriter | None = None
+    tasks: dict[str, Task] = field(default_factory=dict)
+
+    async def close(self) -> None:
+        self.watcher.close()
+        incident = self.supervisor.incident if self.supervisor else None
+        if incident is not None and not incident.done():
+            incident.cancel()
+        if self.child:
+            await self.child.stop()
+        if self.writer:
+            self.writer.close()
+
+
+async def assemble(
+    settings: WatchSettings,
+    session: aiohttp.ClientSession,
+    metrics: WatchdogMetrics,
+    out: Callable[[str], None],
+    command: list[str] | None = None,
+    echo_engine: bool = True,
+) -> Target:
+    watcher = Watcher(settings, session)
+    target = Target(settings, watcher, [ConsoleReporter(settings.json_lines, out)])
+    target.reporters.append(MetricsReporter(metrics, watcher))
+    if settings.record:
+        target.writer = TraceWriter(settings.record)
+        watcher.listeners.append(target.writer.write)
+    if command:
+        target.child = _child(settings, command, echo_engine)
+        await target.child.start()
+        target.tasks[f"engine-exits:{settings.url}"] = target.child.watch_exits()
+    target.supervisor = _supervisor(settings, watcher, metrics, target.child)
+    if target.supervisor:
+        target.reporters.append(target.supervisor)
+    if settings.alertmanager:
+        pusher = AlertmanagerReporter(session, settings.alertmanager, extra_labels=_pod_labels())
+        target.reporters.append(pusher)
+        target.tasks[f"alertmanager:{settings.url}"] = pusher.run()
+    return target
+
+
+def _child(settings: WatchSettings, command: list[str], echo: bool) -> ChildEngine:
+    return ChildEngine(
+        command,
+        settings.engine_log or settings.incident_dir / "engine.log",
+        ActionHistory(settings.incident_dir / HISTORY_FILE),
+        settings.url,
+        settings.policy.rate_limit,
+        echo,
+    )
+
+
+def _supervisor(
+    settings: WatchSettings, watcher: Watcher, metrics: WatchdogMetrics, child: ChildEngine | None
+) -> Supervisor | None:
+    if not settings.policy.actions:
+        return None
+    bundle = BundleSettings(
+        settings.incident_dir,
+        engine=settings.engine,
+        engine_log=settings.engine_log or (child.log_path if child else None),
+        tar=settings.tar,
+    )
+    actions = EngineActions(
+        watcher,
+        RecoverySettings(bundle, settings.restart_command),
+        steps=lambda destructive: capture_steps(destructive, watcher.gpu),
+        restarter=child.restart if child else None,
+        on_bundle=lambda target, cause: metrics.incidents.labels(target, cause).inc(),
+    )
+    history = ActionHistory(settings.incident_dir / HISTORY_FILE)
+    return Supervisor(settings.policy, actions, history, [ActionMetrics(metrics).on_action])
+
+
+def _pod_labels() -> dict[str, str]:
+    """Where the watchdog runs in Kubernetes (the downward API sets these), for alert labels."""
+    names = {"POD_NAME": "pod", "POD_NAMESPACE": "namespace"}
+    return {label: os.environ[env] for env, label in names.items() if os.environ.get(env)}
