@@ -17,14 +17,14 @@ import aiohttp
 from engine_watchdog.capture.bundle import BundleSettings
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.config import WatchSettings
-from engine_watchdog.model import Transition, Verdict
+from engine_watchdog.model import Outcome, Transition, Verdict
 from engine_watchdog.recovery.actions import EngineActions, RecoverySettings
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.supervise import ChildEngine
 from engine_watchdog.report.alertmanager import AlertmanagerReporter
 from engine_watchdog.report.console import transition_json, transition_line
 from engine_watchdog.report.metrics import WatchdogMetrics
-from engine_watchdog.supervisor import Outcome, Supervisor
+from engine_watchdog.supervisor import Supervisor
 from engine_watchdog.trace import TraceWriter
 from engine_watchdog.watcher import Reporter, Watcher
 
@@ -131,6 +131,8 @@ async def assemble(
     if settings.alertmanager:
         pusher = AlertmanagerReporter(session, settings.alertmanager, extra_labels=_pod_labels())
         target.reporters.append(pusher)
+        if target.supervisor:
+            target.supervisor.listeners.append(pusher.on_action)
         target.tasks[f"alertmanager:{settings.url}"] = pusher.run()
     return target
 

@@ -150,3 +150,12 @@ class Transition:
 
     old: State | None
     new: Verdict
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a recovery action did."""
+
+    result: str
+    """ok | failed | not-available | skipped | dry_run | rate_limited"""
+    detail: str = ""

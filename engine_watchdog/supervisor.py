@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine_watchdog.model import State, Transition, Verdict
+from engine_watchdog.model import Outcome, State, Transition, Verdict
 from engine_watchdog.recovery.history import ActionHistory, ActionRecord, RateLimit
 
 log = logging.getLogger("engine_watchdog.actions")
@@ -34,13 +34,6 @@ class PolicySettings:
     """After a restart, seconds for the engine to come back before escalating."""
     rate_limit: RateLimit = field(default_factory=RateLimit)
     """Restart rate limit and backoff."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    result: str
-    """ok | failed | not-available | skipped | dry_run | rate_limited"""
-    detail: str = ""
 
 
 class Actions(Protocol):

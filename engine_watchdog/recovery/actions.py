@@ -14,11 +14,10 @@ from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bu
 from engine_watchdog.capture.cuda import ENABLE_VAR, read_environ
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
-from engine_watchdog.model import ProcInfo, Verdict
+from engine_watchdog.model import Outcome, ProcInfo, Verdict
 from engine_watchdog.probes.procs import sample_procs_async
 from engine_watchdog.recovery.abort import abort_requests
 from engine_watchdog.recovery.restart import kill_engine_core, run_restart_command
-from engine_watchdog.supervisor import Outcome
 from engine_watchdog.watcher import Watcher
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine_watchdog.model import Outcome
 from engine_watchdog.recovery.history import ActionHistory, ActionRecord, RateLimit
-from engine_watchdog.supervisor import Outcome
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 15.0

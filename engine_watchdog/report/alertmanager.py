@@ -23,11 +23,14 @@ from typing import Any
 
 import aiohttp
 
-from engine_watchdog.model import State, Transition, Verdict
+from engine_watchdog.model import Outcome, State, Transition, Verdict
 
 log = logging.getLogger(__name__)
 
 ALERTNAME = "EngineStalled"
+ACTION_ALERTNAME = "EngineWatchdogAction"
+ACTION_ALERT_S = 300.0
+"""How long an action's alert stays active in Alertmanager (it resolves by itself)."""
 RUNBOOK_URL = (
     "https://github.com/engine-watchdog/engine-watchdog/blob/main/docs/runbook.md#enginestalled"
 )
@@ -142,6 +145,35 @@ class AlertmanagerReporter:
             alert = self._alert(target, v)
             self.firing[key] = alert
             self._queue(alert)
+
+    def on_action(self, target: str, action: str, phase: str, outcome: Outcome | None) -> None:
+        """An ActionListener: every recovery action is an alert before and after it.
+
+        One-shot alerts (``EngineWatchdogAction``) that end by themselves after ACTION_ALERT_S;
+        a restart refused by the rate limit or a failed action is critical."""
+        try:
+            now = self.clock()
+            result = outcome.result if outcome else "started"
+            bad = result in ("failed", "rate_limited")
+            labels = {
+                **self.extra_labels,
+                "alertname": ACTION_ALERTNAME,
+                "target": target,
+                "action": action,
+                "phase": phase,
+                "result": result,
+                "severity": "critical" if bad else "warning",
+            }
+            detail = outcome.detail if outcome else ""
+            annotations = {
+                "summary": f"engine-watchdog {action} at {target}: {result}",
+                "description": detail or f"engine-watchdog is taking the {action} action.",
+                "runbook_url": RUNBOOK_URL,
+            }
+            alert = Alert(labels, annotations, utc(now), utc(now + ACTION_ALERT_S))
+            self._queue(alert)
+        except Exception as exc:  # a reporter must never take the ladder down
+            self._fail(f"on_action: {exc!r}")
 
     def _alert(self, target: str, v: Verdict) -> Alert:
         cause = v.cause or "no-progress"

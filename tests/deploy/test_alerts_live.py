@@ -176,16 +176,7 @@ async def test_stall_alert_through_prometheus(tmp_path: Path) -> None:
                 raise
 
 
-def _has_alertmanager_flag() -> bool:
-    out = subprocess.run(
-        [WATCHDOG, "watch", "--help"], capture_output=True, text=True, timeout=30, check=False
-    )
-    return "--alertmanager" in out.stdout
-
-
 async def test_stall_alert_pushed_by_the_watchdog(tmp_path: Path) -> None:
-    if not _has_alertmanager_flag():
-        pytest.xfail("`engine-watchdog watch` has no --alertmanager yet (AlertmanagerReporter)")
     with ExitStack() as stack:
         am, _ = _start_alertmanager(stack, tmp_path)
         await asyncio.to_thread(wait_http, am + "/-/ready", None, 20)

@@ -214,3 +214,21 @@ def test_changes_queued_during_a_push_are_not_lost() -> None:
     (left,) = rep.outbox
     assert left.labels["cause"] == "stopped" and left.ends_at == utc(1000.0)
     assert rep.due(1000.0) == [left]
+
+
+async def test_every_action_is_an_alert_before_and_after(alertmanager: str) -> None:
+    from engine_watchdog.model import Outcome
+
+    target = "http://127.0.0.1:8124"
+    async with aiohttp.ClientSession() as session:
+        rep = AlertmanagerReporter(session, alertmanager)
+        rep.on_action(target, "restart", "start", None)
+        rep.on_action(target, "restart", "end", Outcome("rate_limited", "3 restarts in 3600 s"))
+        assert await rep.flush()
+        base = {"alertname": "EngineWatchdogAction", "target": target, "action": "restart"}
+        before = await _eventually(alertmanager, True, {**base, "phase": "start"})
+        after = await _eventually(alertmanager, True, {**base, "phase": "end"})
+    assert before[0]["labels"]["severity"] == "warning"
+    assert after[0]["labels"]["result"] == "rate_limited"
+    assert after[0]["labels"]["severity"] == "critical"
+    assert "3 restarts" in after[0]["annotations"]["description"]

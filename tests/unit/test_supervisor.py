@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from engine_watchdog.model import State, Verdict
+from engine_watchdog.model import Outcome, State, Verdict
 from engine_watchdog.recovery.history import ActionHistory, RateLimit
-from engine_watchdog.supervisor import Outcome, PolicySettings, Supervisor
+from engine_watchdog.supervisor import PolicySettings, Supervisor
 
 T = 1_796_000_000.0
 
