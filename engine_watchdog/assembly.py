@@ -16,13 +16,14 @@ import aiohttp
 
 from engine_watchdog.capture.bundle import BundleSettings
 from engine_watchdog.capture.steps import capture_steps
-from engine_watchdog.config import WatchSettings
+from engine_watchdog.config import SettingsError, WatchSettings
 from engine_watchdog.model import Outcome, Transition, Verdict
 from engine_watchdog.recovery.actions import EngineActions, RecoverySettings
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.supervise import ChildEngine
 from engine_watchdog.report.alertmanager import AlertmanagerReporter
 from engine_watchdog.report.console import transition_json, transition_line
+from engine_watchdog.report.k8s_events import EventsReporter, pod_from_env
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.supervisor import Supervisor
 from engine_watchdog.trace import TraceWriter
@@ -128,6 +129,8 @@ async def assemble(
     target.supervisor = _supervisor(settings, watcher, metrics, target.child)
     if target.supervisor:
         target.reporters.append(target.supervisor)
+    if settings.k8s_events:
+        _add_events(target, settings.k8s_events, session)
     if settings.alertmanager:
         pusher = AlertmanagerReporter(session, settings.alertmanager, extra_labels=_pod_labels())
         target.reporters.append(pusher)
@@ -135,6 +138,18 @@ async def assemble(
             target.supervisor.listeners.append(pusher.on_action)
         target.tasks[f"alertmanager:{settings.url}"] = pusher.run()
     return target
+
+
+def _add_events(target: Target, where: str, session: aiohttp.ClientSession) -> None:
+    try:
+        pod = pod_from_env(None if where == "in-cluster" else where)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    events = EventsReporter(session, pod)
+    target.reporters.append(events)
+    if target.supervisor:
+        target.supervisor.listeners.append(events.on_action)
+    target.tasks[f"k8s-events:{target.settings.url}"] = events.run()
 
 
 def _child(settings: WatchSettings, command: list[str], echo: bool) -> ChildEngine:

@@ -62,6 +62,8 @@ class WatchSettings:
     """Write bundles as .tar.gz."""
     restart_command: tuple[str, ...] = ()
     """Restart the engine with this command (no shell) instead of killing its engine core."""
+    k8s_events: str | None = None
+    """Post Kubernetes Events for stalls and actions: "in-cluster", or an API base URL."""
     alertmanager: str | None = None
     """Alertmanager base URL: push EngineStalled alerts there (API v2), resolve on recovery."""
 

@@ -213,6 +213,12 @@ def action_options(default_actions: str) -> Callable[[F], F]:
         ),
         click.option("--tar", is_flag=True, envvar=env_name("tar"), help="Bundles as .tar.gz."),
         click.option(
+            "--k8s-events",
+            envvar=env_name("k8s-events"),
+            help="Post Kubernetes Events on the pod for stalls and actions: 'in-cluster' "
+            "(the events-rbac component), or an API URL such as kubectl proxy's.",
+        ),
+        click.option(
             "--alertmanager",
             envvar=env_name("alertmanager"),
             help="Alertmanager base URL: push stall alerts there (API v2), resolve on recovery.",
@@ -244,6 +250,7 @@ def policy_from(kw: dict[str, Any]) -> dict[str, Any]:
         "tar": kw.pop("tar"),
         "restart_command": tuple(shlex.split(kw.pop("restart_command"))),
         "alertmanager": normalise_url(am) if (am := kw.pop("alertmanager")) else None,
+        "k8s_events": _events_target(kw.pop("k8s_events")),
     }
 
 
@@ -315,3 +322,12 @@ def settings_from(kw: dict[str, Any], url: str | None = None, **extra: Any) -> W
         **extra,
     )
     return validate(settings)
+
+
+def _events_target(value: str | None) -> str | None:
+    """--k8s-events: 'in-cluster', a URL, or the ConfigMap's boolean 'true'."""
+    if not value or value.lower() in ("false", "0", "no"):
+        return None
+    if value.lower() in ("true", "1", "yes", "in-cluster"):
+        return "in-cluster"
+    return normalise_url(value)
