@@ -260,12 +260,14 @@ class Detector:
         graced = t - self._first_good_t >= cfg.startup_grace_seconds
         strong = self.signals.strong(since, t) if flat >= cfg.fast_stall_seconds else None
         if graced and (flat >= cfg.stall_seconds or strong):
-            finding = strong or self.signals.cause(since, t)
-            if finding and finding.cause != "no-progress":
-                return State.STALLED, finding.cause, finding.evidence
-            admission = (s.running or 0) == 0 and (s.waiting or 0) > 0
+            finding = self.signals.cause(since, t)
             note = finding.evidence if finding else None
-            return State.STALLED, "admission-stall" if admission else "no-progress", note
+            if finding and finding.cause in ("stopped", "gpu-spin"):
+                return State.STALLED, finding.cause, note
+            if (s.running or 0) == 0 and (s.waiting or 0) > 0:
+                # Nothing runs, so the engine's CPU is idle too: the admission is the symptom.
+                return State.STALLED, "admission-stall", note
+            return State.STALLED, finding.cause if finding else "no-progress", note
         if flat >= cfg.suspect_seconds:
             return State.SUSPECT, "no-progress", None
         return State.PROGRESSING, None, None
@@ -305,7 +307,9 @@ def _movement(prev: EngineSample | None, cur: EngineSample) -> tuple[bool, bool]
         before = prev.progress.get(key)
         if before is None:
             continue
-        if value < before:
+        if key.startswith("~") and value != before:
+            moved = True  # a gauge (e.g. an iteration latency): its drops are no restart
+        elif value < before:
             reset = True
         elif value > before:
             moved = True

@@ -35,7 +35,8 @@ class EngineSample:
     kv_usage: float | None
     asleep: bool
     progress: dict[str, float] = field(default_factory=dict)
-    """Logical progress signal (profile key) -> counter value; NaN values are left out."""
+    """Logical progress signal (profile key) -> counter value; NaN values are left out. A key
+    starting with "~" is carried by a gauge: any change is progress, a drop is no restart."""
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """Command-line options shared by several commands, and the settings they make.
 
 Every option can also come from the environment as ENGINE_WATCHDOG_<OPTION> (a Kubernetes
-ConfigMap feeds the sidecar through envFrom).
+ConfigMap feeds the sidecar through envFrom): :func:`env_option` names the variable.
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,205 +32,139 @@ def env_name(name: str) -> str:
     return "ENGINE_WATCHDOG_" + name.upper().replace("-", "_")
 
 
-def probe_options(func: F) -> F:
-    """Options shared by every command that watches an engine."""
-    options = [
-        click.option(
-            "--engine",
-            type=click.Choice(sorted(PROFILES)),
-            default="vllm",
-            envvar=env_name("engine"),
-            show_default=True,
-            help="Engine profile.",
-        ),
-        click.option(
-            "--interval",
-            type=float,
-            default=1.0,
-            envvar=env_name("interval"),
-            show_default=True,
-            help="Seconds between probe rounds.",
-        ),
-        click.option(
-            "--stall-seconds",
-            type=float,
-            default=30.0,
-            envvar=env_name("stall-seconds"),
-            show_default=True,
-            help="No progress this long with work present: stalled.",
-        ),
-        click.option(
-            "--suspect-seconds",
-            type=float,
-            default=5.0,
-            envvar=env_name("suspect-seconds"),
-            show_default=True,
-            help="No progress this long with work present: suspect.",
-        ),
-        click.option(
-            "--startup-grace",
-            type=float,
-            default=10.0,
-            envvar=env_name("startup-grace"),
-            show_default=True,
-            help="No stall verdict this long after the first scrape.",
-        ),
-        click.option(
-            "--scrape-timeout",
-            type=float,
-            default=10.0,
-            envvar=env_name("scrape-timeout"),
-            show_default=True,
-            help="Timeout of one /metrics or /health request.",
-        ),
-        click.option(
-            "--fast-stall-seconds",
-            type=float,
-            default=10.0,
-            envvar=env_name("fast-stall-seconds"),
-            show_default=True,
-            help="Stalled this soon with strong evidence (stopped process, GPU spin, canary).",
-        ),
-        click.option(
-            "--canary/--no-canary",
-            default=True,
-            envvar=env_name("canary"),
-            show_default=True,
-            help="Send a 1-token request when in doubt.",
-        ),
-        click.option(
-            "--canary-after",
-            type=float,
-            default=5.0,
-            envvar=env_name("canary-after"),
-            show_default=True,
-            help="Send a canary once progress has been flat this long with work present.",
-        ),
-        click.option(
-            "--idle-canary-interval",
-            type=float,
-            default=60.0,
-            envvar=env_name("idle-canary-interval"),
-            show_default=True,
-            help="Send a canary this often while the engine looks idle.",
-        ),
-        click.option(
-            "--canary-timeout",
-            type=float,
-            default=8.0,
-            envvar=env_name("canary-timeout"),
-            show_default=True,
-            help="A canary slower than this has failed.",
-        ),
-        click.option(
-            "--gpu/--no-gpu",
-            default=True,
-            envvar=env_name("gpu"),
-            show_default=True,
-            help="Sample GPUs through NVML.",
-        ),
-        click.option(
-            "--pid",
-            "pids",
-            type=int,
-            multiple=True,
-            envvar=env_name("pid"),
-            help="Engine process (repeatable); default: found from the URL's port.",
-        ),
-    ]
+def env_option(*decls: str, **attrs: Any) -> Callable[[F], F]:
+    """``click.option`` that also reads ENGINE_WATCHDOG_<NAME>, NAME from its first long flag
+    (``--stall-seconds``: ENGINE_WATCHDOG_STALL_SECONDS), and shows its default in --help
+    unless ``show_default`` says otherwise."""
+    flag = next(d for d in decls if d.startswith("--"))
+    attrs.setdefault("envvar", env_name(flag[2:].split("/")[0]))
+    if "default" in attrs:
+        attrs.setdefault("show_default", True)
+    return click.option(*decls, **attrs)
+
+
+def _apply(options: Sequence[Callable[[F], F]], func: F) -> F:
+    """Decorate ``func`` with ``options``, the first one listed first in --help."""
     for option in reversed(options):
         func = option(func)
     return func
 
 
+OptionSpec = tuple[str, Any, Any, str]
+"""(flag, click type or None for a ``--x/--no-x`` flag, default, help): an :func:`env_option`."""
+
+_PROBE_SPECS: tuple[OptionSpec, ...] = (
+    ("--interval", float, 1.0, "Seconds between probe rounds."),
+    ("--stall-seconds", float, 30.0, "No progress this long with work present: stalled."),
+    ("--suspect-seconds", float, 5.0, "No progress this long with work present: suspect."),
+    ("--startup-grace", float, 10.0, "No stall verdict this long after the first scrape."),
+    ("--scrape-timeout", float, 10.0, "Timeout of one /metrics or /health request."),
+    (
+        "--fast-stall-seconds",
+        float,
+        10.0,
+        "Stalled this soon with strong evidence (stopped process, GPU spin, canary).",
+    ),
+    ("--canary/--no-canary", None, True, "Send a 1-token request when in doubt."),
+    (
+        "--canary-after",
+        float,
+        5.0,
+        "Send a canary once progress has been flat this long with work present.",
+    ),
+    (
+        "--idle-canary-interval",
+        float,
+        60.0,
+        "Send a canary this often while the engine looks idle.",
+    ),
+    ("--canary-timeout", float, 8.0, "A canary slower than this has failed."),
+    ("--gpu/--no-gpu", None, True, "Sample GPUs through NVML."),
+)
+_RESTART_SPECS: tuple[OptionSpec, ...] = (
+    ("--abort-grace", float, 15.0, "Seconds for progress to resume after an abort."),
+    ("--max-restarts", int, 3, "At most this many restarts per --restart-window."),
+    ("--restart-window", float, 3600.0, "Seconds the restart limit counts over."),
+    (
+        "--restart-backoff",
+        float,
+        30.0,
+        "Wait this, doubling per restart in the window, between restarts.",
+    ),
+)
+
+
+def _from_specs(specs: Sequence[OptionSpec]) -> list[Callable[[F], F]]:
+    return [env_option(flag, type=kind, default=d, help=text) for flag, kind, d, text in specs]
+
+
+def probe_options(func: F) -> F:
+    """Options shared by every command that watches an engine."""
+    engine: Callable[[F], F] = env_option(
+        "--engine",
+        type=click.Choice(["auto", *sorted(PROFILES)]),
+        default="auto",
+        help="Engine profile; auto: from the first /metrics answer's series.",
+    )
+    pids: Callable[[F], F] = env_option(
+        "--pid",
+        "pids",
+        type=int,
+        multiple=True,
+        help="Engine process (repeatable); default: found from the URL's port.",
+    )
+    return _apply([engine, *_from_specs(_PROBE_SPECS), pids], func)
+
+
 def action_options(default_actions: str) -> Callable[[F], F]:
     """Options of the commands that may act (watch, run)."""
-    options = [
-        click.option(
+    options: list[Callable[[F], F]] = [
+        env_option(
             "--action",
             "actions",
             multiple=True,
             default=(default_actions,),
-            envvar=env_name("action"),
-            show_default=True,
             help="Rungs that may run: none or any of capture,abort,restart,liveness "
             "(repeatable or comma-separated; the order is fixed).",
         ),
-        click.option(
-            "--dry-run", is_flag=True, envvar=env_name("dry-run"), help="Log actions only."
-        ),
-        click.option(
-            "--abort-grace",
-            type=float,
-            default=15.0,
-            envvar=env_name("abort-grace"),
-            show_default=True,
-            help="Seconds for progress to resume after an abort.",
-        ),
-        click.option(
-            "--max-restarts",
-            type=int,
-            default=3,
-            envvar=env_name("max-restarts"),
-            show_default=True,
-            help="At most this many restarts per --restart-window.",
-        ),
-        click.option(
-            "--restart-window",
-            type=float,
-            default=3600.0,
-            envvar=env_name("restart-window"),
-            show_default=True,
-            help="Seconds the restart limit counts over.",
-        ),
-        click.option(
-            "--restart-backoff",
-            type=float,
-            default=30.0,
-            envvar=env_name("restart-backoff"),
-            show_default=True,
-            help="Wait this, doubling per restart in the window, between restarts.",
-        ),
-        click.option(
+        env_option("--dry-run", is_flag=True, help="Log actions only."),
+        *_from_specs(_RESTART_SPECS),
+        env_option(
             "--restart-command",
             default="",
-            envvar=env_name("restart-command"),
+            show_default=False,
             help="Restart the engine with this command (split like a shell, run without one).",
         ),
-        click.option(
+        *_report_options(),
+    ]
+    return lambda func: _apply(options, func)
+
+
+def _report_options() -> list[Callable[[F], F]]:
+    """Where the evidence and the news go: bundles, Kubernetes Events, Alertmanager."""
+    return [
+        env_option(
             "--incident-dir",
             type=click.Path(file_okay=False, path_type=Path),
             default=Path("incidents"),
-            envvar=env_name("incident-dir"),
-            show_default=True,
             help="Where incident bundles and the action history go.",
         ),
-        click.option(
+        env_option(
             "--engine-log",
             type=click.Path(dir_okay=False, path_type=Path),
-            envvar=env_name("engine-log"),
             help="The engine's log file (its tail goes into bundles).",
         ),
-        click.option("--tar", is_flag=True, envvar=env_name("tar"), help="Bundles as .tar.gz."),
-        click.option(
+        env_option("--tar", is_flag=True, help="Bundles as .tar.gz."),
+        env_option(
             "--k8s-events",
-            envvar=env_name("k8s-events"),
             help="Post Kubernetes Events on the pod for stalls and actions: 'in-cluster' "
             "(the events-rbac component), or an API URL such as kubectl proxy's.",
         ),
-        click.option(
+        env_option(
             "--alertmanager",
-            envvar=env_name("alertmanager"),
             help="Alertmanager base URL: push stall alerts there (API v2), resolve on recovery.",
         ),
     ]
-
-    def decorate(func: F) -> F:
-        for option in reversed(options):
-            func = option(func)
-        return func
-
-    return decorate
 
 
 def policy_from(kw: dict[str, Any]) -> dict[str, Any]:
@@ -256,33 +190,22 @@ def policy_from(kw: dict[str, Any]) -> dict[str, Any]:
 
 def target_options(func: F) -> F:
     """Many engines: URLs, a targets file, or a Kubernetes label selector."""
-    options = [
+    options: list[Callable[[F], F]] = [
         click.argument("urls", nargs=-1, envvar=env_name("url")),
-        click.option(
+        env_option(
             "--targets",
             "targets_file",
             type=click.Path(dir_okay=False, path_type=Path),
-            envvar=env_name("targets"),
             help="File with one engine URL per line.",
         ),
-        click.option(
+        env_option(
             "--selector",
-            envvar=env_name("selector"),
             help="Kubernetes label selector of engine pods (asks kubectl for their IPs).",
         ),
-        click.option("--namespace", envvar=env_name("namespace"), help="Namespace for --selector."),
-        click.option(
-            "--port",
-            type=int,
-            default=8000,
-            envvar=env_name("port"),
-            show_default=True,
-            help="Engine port for --selector pods.",
-        ),
+        env_option("--namespace", help="Namespace for --selector."),
+        env_option("--port", type=int, default=8000, help="Engine port for --selector pods."),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return _apply(options, func)
 
 
 def target_urls(kw: dict[str, Any]) -> list[str]:

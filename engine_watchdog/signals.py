@@ -18,8 +18,9 @@ HISTORY_SECONDS = 900.0
 ENGINE_ROLES = ("engine-core", "worker")
 CPU_IDLE_CORES = 0.05
 """Engine CPU below this (cores) while requests wait: nothing runs, a host-side deadlock."""
-CPU_BUSY_CORES = 0.8
-"""One engine process above this (cores) with no progress: busy doing nothing useful."""
+CPU_BUSY_CORES = 0.4
+"""One engine process above this (cores) with no progress: busy doing nothing useful. Well under
+a full core: a spinning engine got only 0.48-0.65 of one on a loaded 2-core machine."""
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,27 @@ class Signals:
         )
 
     def strong(self, since: float, t: float) -> Finding | None:
-        """Evidence since ``since`` that makes waiting for --stall-seconds pointless."""
-        return self._stopped(since) or self._gpu_spin(since) or self._canary_failed(since)
+        """Evidence since ``since`` that makes waiting for --stall-seconds pointless.
+
+        A failed canary counts when nothing contradicts it: an engine whose processes work (CPU)
+        or whose GPU computes may just be slow (a step every 25 s outlasts an 8 s canary)."""
+        hard = self._stopped(since) or self._gpu_spin(since)
+        if hard is not None:
+            return hard
+        canary = self._canary_failed(since)
+        if canary is None or self._busy_elsewhere(since):
+            return None  # a busy engine may be in a long step: wait for --stall-seconds
+        return canary
 
     def cause(self, since: float, t: float) -> Finding | None:
-        """The most specific cause the evidence since ``since`` supports."""
-        return self.strong(since, t) or self._cpu(since, t)
+        """The most specific cause the evidence since ``since`` supports: processes and GPUs
+        name a cause; a failed canary only says no-progress."""
+        hard = self._stopped(since) or self._gpu_spin(since)
+        return hard or self._cpu(since, t) or self._canary_failed(since)
+
+    def _busy_elsewhere(self, since: float) -> bool:
+        rate = self._max_cpu_rate(since)
+        return (rate is not None and rate > CPU_IDLE_CORES) or self.gpu_computing()
 
     def canary_failed_since(self, since: float) -> CanaryObs | None:
         for c in reversed(self.canaries):

@@ -8,8 +8,10 @@ code that ran live.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -82,7 +84,9 @@ def encode(obs: HealthObs | CanaryObs | GpuObs | ProcsObs) -> dict[str, Any]:
 
 def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
     """One trace record -> observation; None for kinds this version does not read."""
-    t = float(rec["t"])
+    t = _num(rec["t"])
+    if t is None:
+        raise ValueError("no time")
     kind = rec.get("kind")
     if kind == "scrape":
         raw = RawScrape(
@@ -95,10 +99,15 @@ def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
         )
         return parse_scrape(raw, profile)
     if kind == "health":
-        return HealthObs(t, status=rec.get("status"), error=rec.get("error"))
+        status = _num(rec.get("status"))
+        return HealthObs(t, None if status is None else int(status), _str(rec.get("error")))
     if kind == "canary":
         return CanaryObs(
-            t, ok=bool(rec["ok"]), latency_s=rec.get("latency_s"), error=rec.get("error")
+            t,
+            ok=_bool(rec["ok"]),
+            latency_s=_num(rec.get("latency_s")),
+            error=_str(rec.get("error")),
+            sent_t=_num(rec.get("sent_t")),
         )
     if kind == "gpu":
         return GpuObs(t, tuple(_gpu(g) for g in rec["gpus"]))
@@ -107,15 +116,36 @@ def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
     return None
 
 
+def _num(value: Any) -> float | None:
+    """A finite number or None; anything else is a broken record (ValueError)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"not a finite number: {value!r}")
+    return float(value)
+
+
+def _str(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"not a string: {value!r}")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"not a boolean: {value!r}")
+    return value
+
+
 def _gpu(g: dict[str, Any]) -> GpuInfo:
     return GpuInfo(
         index=int(g["index"]),
-        util_pct=g.get("util_pct"),
-        power_w=g.get("power_w"),
-        sm_pct=g.get("sm_pct"),
-        tensor_pct=g.get("tensor_pct"),
-        dram_pct=g.get("dram_pct"),
-        pids=tuple(g.get("pids", ())),
+        util_pct=_num(g.get("util_pct")),
+        power_w=_num(g.get("power_w")),
+        sm_pct=_num(g.get("sm_pct")),
+        tensor_pct=_num(g.get("tensor_pct")),
+        dram_pct=_num(g.get("dram_pct")),
+        pids=tuple(int(p) for p in g.get("pids", ())),
     )
 
 
@@ -126,13 +156,31 @@ def _proc(p: dict[str, Any]) -> ProcInfo:
         role=str(p.get("role", "other")),
         title=str(p.get("title", "")),
         state=str(p.get("state", "running")),
-        cpu_s=float(p.get("cpu_s", 0.0)),
-        ns_pid=p.get("ns_pid"),
+        cpu_s=_num(p.get("cpu_s", 0.0)) or 0.0,
+        ns_pid=None if p.get("ns_pid") is None else int(p["ns_pid"]),
     )
 
 
+REORDER_WINDOW_S = 5.0
+"""Records this close may come out of order (writers that log probes as they finish)."""
+
+
 def read_trace(lines: Iterable[str], profile: EngineProfile) -> Iterator[Observation]:
-    """Observations of a trace; a broken line is skipped with a warning, never a crash."""
+    """Observations of a trace in time order; a broken line is skipped with a warning.
+
+    Records up to REORDER_WINDOW_S apart are put back in order (a heap that releases a record
+    once one REORDER_WINDOW_S later has been read): the detector ignores time running backwards.
+    """
+    pending: list[tuple[float, int, Observation]] = []
+    for number, obs in enumerate(_decoded(lines, profile)):
+        heapq.heappush(pending, (obs.t, number, obs))
+        while pending and obs.t - pending[0][0] > REORDER_WINDOW_S:
+            yield heapq.heappop(pending)[2]
+    while pending:
+        yield heapq.heappop(pending)[2]
+
+
+def _decoded(lines: Iterable[str], profile: EngineProfile) -> Iterator[Observation]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -18,7 +18,9 @@ import aiohttp
 
 from engine_watchdog.config import WatchSettings
 from engine_watchdog.detector import Detector
-from engine_watchdog.engines import PROFILES
+from engine_watchdog.engines import PROFILES, VLLM
+from engine_watchdog.engines.detect import detect_profile
+from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.model import (
     CanaryObs,
     HealthObs,
@@ -45,6 +47,25 @@ class Reporter(Protocol):
         """Called after every probe round, with the round's transitions (maybe none)."""
 
 
+def warn_blind_spots(settings: WatchSettings, profile: EngineProfile) -> None:
+    """Say once where this engine's metrics cannot carry the verdict with these settings."""
+    if profile.progress_needs_canary and not settings.probe.canary:
+        log.warning(
+            "%s: %s moves its progress series only when a request finishes: with --no-canary "
+            "a long healthy generation cannot be told from a hang",
+            settings.url,
+            profile.name,
+        )
+    if settings.detector.stall_seconds <= profile.work_gauge_lag_s:
+        log.warning(
+            "%s: %s's work gauges can stay stale for %.0f s: keep --stall-seconds above that "
+            "or the canary on",
+            settings.url,
+            profile.name,
+            profile.work_gauge_lag_s,
+        )
+
+
 class Watcher:
     """Probes one engine server and judges it."""
 
@@ -58,12 +79,18 @@ class Watcher:
         self.settings = settings
         self.session = session
         self.clock = clock
-        self.profile = PROFILES[settings.engine]
+        # "auto": judged as vLLM until the first answer of /metrics names the engine.
+        self.profile = PROFILES.get(settings.engine, VLLM)
+        self.detecting = settings.engine == "auto"
+        if not self.detecting:
+            warn_blind_spots(settings, self.profile)
         self.detector = Detector(settings.detector)
         self.target = settings.url
         self.timeline: deque[dict[str, Any]] = deque()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self.rounds = 0
+        self._round: list[dict[str, Any]] = []
+        self._fed_t = 0.0
         self.last_scrape: ScrapeObs | None = None
         self.canary = Canary(
             session, self.target, self.profile, settings.probe.canary_timeout_s, clock
@@ -88,6 +115,8 @@ class Watcher:
         changes: list[Transition] = []
         for obs in sorted([*self._canary_result(), *probed], key=lambda o: o.t):
             changes += self.detector.feed(obs)
+            self._fed_t = max(self._fed_t, obs.t)
+        self._publish()
         self._maybe_send_canary()
         self.rounds += 1
         return changes
@@ -111,6 +140,7 @@ class Watcher:
 
     async def _scrape(self) -> Observation:
         probe = self.settings.probe
+        profile_path = self.profile.metrics_path
         raw = await scrape(
             self.session,
             self.target + self.profile.metrics_path,
@@ -118,6 +148,17 @@ class Watcher:
             max_bytes=probe.max_scrape_bytes,
             clock=self.clock,
         )
+        if self.detecting and raw.body is not None:
+            detail = self._detect(raw.body, raw.status or 0)
+            if detail is not None:  # not named yet: say so, try again next round
+                unnamed = replace(raw, body=None, error="no-engine-series", detail=detail)
+                self._remember(encode_scrape(unnamed))
+                self.last_scrape = ScrapeObs(
+                    raw.t, error="no-engine-series", detail=detail, status=raw.status
+                )
+                return self.last_scrape
+            if self.profile.metrics_path != profile_path:
+                return await self._scrape()  # e.g. trtllm-serve's Prometheus text lives elsewhere
         obs = parse_scrape(raw, self.profile)
         if raw.body is not None:
             # Traces keep only what the profile reads: a few KB instead of hundreds.
@@ -125,6 +166,17 @@ class Watcher:
         self._remember(encode_scrape(raw))
         self.last_scrape = obs
         return obs
+
+    def _detect(self, body: str, status: int) -> str | None:
+        """Fix the engine profile from a /metrics answer; the reason when it cannot."""
+        found = detect_profile(body, status)
+        if found.profile is None:
+            return found.message()
+        log.info("%s: %s", self.target, found.message())
+        self.profile, self.detecting = found.profile, False
+        self.canary.profile = self.procs.profile = found.profile
+        warn_blind_spots(self.settings, found.profile)
+        return None
 
     async def _health(self) -> Observation:
         t = self.clock()
@@ -155,7 +207,9 @@ class Watcher:
         if task is None or not task.done():
             return []
         self._canary_task = None
-        obs = task.result()
+        # It may have ended while the last round's probes ran: judged now, after them, so that
+        # time never runs backwards for the detector (nor in the trace).
+        obs = replace(task.result(), t=max(task.result().t, self._fed_t))
         self._remember(encode(obs))
         return [obs]
 
@@ -167,9 +221,16 @@ class Watcher:
             self._canary_task = asyncio.create_task(self.canary.send(), name="canary")
 
     def _remember(self, rec: dict[str, Any]) -> None:
-        """Keep the recent timeline (for bundles) and pass the record to trace writers."""
-        self.timeline.append(rec)
-        while self.timeline and rec["t"] - self.timeline[0]["t"] > TIMELINE_SECONDS:
+        """Hold a record until the round ends: probes finish in any order."""
+        self._round.append(rec)
+
+    def _publish(self) -> None:
+        """The round's records, in time order, into the timeline (for bundles) and to the trace
+        writers: a trace must replay in the order the detector judged it."""
+        for rec in sorted(self._round, key=lambda r: float(r["t"])):
+            self.timeline.append(rec)
+            for listener in self.listeners:
+                listener(rec)
+        self._round.clear()
+        while self.timeline and self.timeline[-1]["t"] - self.timeline[0]["t"] > TIMELINE_SECONDS:
             self.timeline.popleft()
-        for listener in self.listeners:
-            listener(rec)

@@ -11,27 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hashlib
 import json
 import os
 import re
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine_watchdog import __version__
 from engine_watchdog.capture import evidence
+from engine_watchdog.capture.manifest import cause_of, draft_manifest, finish_manifest
 from engine_watchdog.capture.retention import new_tmp_dir, prune, tar_into_place
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
 from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
 from engine_watchdog.capture.tools import resolve_tools, write_private
 from engine_watchdog.model import ProcInfo, Verdict
 
-SCHEMA = "engine-watchdog/bundle"
-SCHEMA_VERSION = 1
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -86,12 +83,6 @@ def bundle_name(created: float, engine: str, cause: str) -> str:
     return f"{stamp}-{_slug(engine)}-{_slug(cause)}"
 
 
-def _cause(verdict: Verdict | None) -> str:
-    if verdict is None:
-        return "manual"
-    return verdict.cause or verdict.state.value
-
-
 async def _run_step(step: CaptureStep, ctx: CaptureContext, grace_s: float) -> StepResult:
     """Run one step under its bound. Disk-full errors propagate (the bundle is lost anyway)."""
     name = getattr(step, "__name__", "step")
@@ -128,40 +119,6 @@ async def _run_steps(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _sha256_files(root: Path, owners: Mapping[str, str]) -> list[dict[str, Any]]:
-    files = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        digest = hashlib.sha256()
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        files.append(
-            {
-                "path": rel,
-                "size": path.stat().st_size,
-                "sha256": digest.hexdigest(),
-                "step": owners.get(rel, "bundle"),
-            }
-        )
-    return files
-
-
-def _lock_down(root: Path) -> None:
-    """0700 dirs, 0600 files: steps may have written with the process umask."""
-    os.chmod(root, 0o700)
-    for path in root.rglob("*"):
-        os.chmod(path, 0o700 if path.is_dir() else 0o600)
-
-
-def _verdict_dict(verdict: Verdict | None) -> dict[str, Any] | None:
-    if verdict is None:
-        return None
-    d = asdict(verdict)
-    d["state"] = verdict.state.value
-    return d
-
-
 def _write_evidence(
     tmp: Path,
     s: BundleSettings,
@@ -186,43 +143,6 @@ def _write_evidence(
     write_private(tmp / "summary.md", summary.encode())
 
 
-def _manifest(
-    name: str,
-    created: float,
-    s: BundleSettings,
-    verdict: Verdict | None,
-    procs: Sequence[ProcInfo],
-    steps: Sequence[StepResult],
-    elapsed: float,
-) -> dict[str, Any]:
-    """Everything but ``files`` (hashed later, off the loop)."""
-    return {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "name": name,
-        "engine_watchdog": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
-        "created_unix": created,
-        "engine": s.engine,
-        "cause": _cause(verdict),
-        "trigger": "on-demand" if verdict is None else "verdict",
-        "destructive": s.destructive,
-        "verdict": _verdict_dict(verdict),
-        "processes": [asdict(p) for p in procs],
-        "steps": [
-            {
-                "name": st.name,
-                "status": st.status,
-                "detail": st.detail,
-                "elapsed_s": round(st.elapsed_s, 3),
-                "files": list(st.files),
-            }
-            for st in steps
-        ],
-        "elapsed_s": round(elapsed, 3),
-    }
-
-
 async def write_bundle(
     settings: BundleSettings,
     verdict: Verdict | None,
@@ -232,7 +152,7 @@ async def write_bundle(
 ) -> BundleResult:
     """Capture and write one bundle; raises :class:`BundleError` (nothing left) if it cannot."""
     t0, created = time.monotonic(), float(settings.clock())
-    name = bundle_name(created, settings.engine, _cause(verdict))
+    name = bundle_name(created, settings.engine, cause_of(verdict))
     tools = dict(settings.tools) if settings.tools is not None else resolve_tools()
     tmp = await asyncio.to_thread(_make_tmp, settings.incident_dir, name)
     try:
@@ -244,8 +164,11 @@ async def write_bundle(
         )
         info = SummaryInput(created, settings.engine, verdict, procs, results, timeline)
         await asyncio.to_thread(_write_evidence, tmp, settings, procs, timeline, info, vers)
-        draft = _manifest(name, created, settings, verdict, procs, results, time.monotonic() - t0)
-        manifest = await asyncio.to_thread(_finish, tmp, draft)
+        elapsed = time.monotonic() - t0
+        draft = draft_manifest(
+            name, created, settings.engine, settings.destructive, verdict, procs, results, elapsed
+        )
+        manifest = await asyncio.to_thread(finish_manifest, tmp, draft)
         final = await asyncio.to_thread(_into_place, tmp, settings, name)
     except OSError as e:
         await asyncio.to_thread(shutil.rmtree, tmp, True)
@@ -264,15 +187,6 @@ def _make_tmp(incident_dir: Path, name: str) -> Path:
         return new_tmp_dir(incident_dir, name)
     except OSError as e:
         raise BundleError(_explain(e, incident_dir)) from e
-
-
-def _finish(tmp: Path, draft: Mapping[str, Any]) -> dict[str, Any]:
-    """Hash every file into the manifest, write it, lock the tree down. Blocking."""
-    owners = {f: st["name"] for st in draft["steps"] for f in st["files"]}
-    manifest = {**draft, "files": _sha256_files(tmp, owners)}
-    write_private(tmp / "manifest.json", json.dumps(manifest, indent=2).encode())
-    _lock_down(tmp)
-    return manifest
 
 
 def _into_place(tmp: Path, s: BundleSettings, name: str) -> Path:

@@ -19,18 +19,29 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
-import shutil
-import stat
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from engine_watchdog.capture.procfs import (
+    FIX_ENVIRON_PERMISSION,
+    abs_pattern,
+    alive,
+    all_denied,
+    fifo_fds,
+    is_fifo,
+    match_pattern,
+    own_pid,
+    pattern_regex,
+    proc_view,
+    read_environs,
+    split_static,
+    trigger_and_wait,
+)
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
-from engine_watchdog.capture.tools import run_bounded, write_private
+from engine_watchdog.capture.tools import copy_private, run_bounded, write_private
 from engine_watchdog.model import ProcInfo
-from engine_watchdog.probes.gpu import read_nspid
 
 NAME = "cuda-coredump"
 ENABLE_VAR = "CUDA_ENABLE_USER_TRIGGERED_COREDUMP"
@@ -42,155 +53,9 @@ RECOMMENDED_ENV = (
     "skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,skip_local_memory,"
     "skip_constbank_memory"
 )
-FIX_ENVIRON_PERMISSION = (
-    "cannot read the engine's /proc/PID/environ: run the watchdog as the engine's user or with "
-    "CAP_SYS_PTRACE, in the engine's PID namespace (Kubernetes: shareProcessNamespace: true)"
-)
 CORE_WAIT_SHARE = 0.6
 """Share of ctx.timeout_s spent waiting for the cores; the rest is for copies and cuda-gdb."""
-DIR_SCAN_MAX = 10_000
 GDB_OUTPUT_MAX = 256 * 1024
-
-
-# ---- pure helpers over a /proc root ---------------------------------------------------------
-
-
-def read_environ(proc_root: Path, pid: int) -> dict[str, str]:
-    """The process's environment at exec time. Raises OSError (PermissionError, gone)."""
-    raw = (proc_root / str(pid) / "environ").read_bytes()
-    env = {}
-    for entry in raw.split(b"\0"):
-        key, sep, value = entry.partition(b"=")
-        if sep and key:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
-
-
-def own_pid(proc_root: Path, pid: int) -> int:
-    """The PID the process sees for itself (innermost NSpid): what %p expands to."""
-    ns = read_nspid(proc_root, pid)
-    return ns[-1] if ns else pid
-
-
-def pattern_regex(pattern: str, pid: int, suffix: str = "") -> re.Pattern[str]:
-    """A regex for a CUDA path pattern: %p -> pid, %h -> a host name, %t -> a time, %% -> %."""
-    tokens = {"p": re.escape(str(pid)), "h": r"[^/]+", "t": r"\d+", "%": "%"}
-    out, i = [], 0
-    while i < len(pattern):
-        if pattern[i] == "%" and i + 1 < len(pattern) and pattern[i + 1] in tokens:
-            out.append(tokens[pattern[i + 1]])
-            i += 2
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(out) + suffix)
-
-
-def expand_pattern(pattern: str, pid: int, hostname: str) -> str:
-    """The pattern with %p and %h filled in (%t stays: only the driver knows that time)."""
-    return (
-        pattern.replace("%%", "\0")
-        .replace("%p", str(pid))
-        .replace("%h", hostname)
-        .replace("\0", "%")
-    )
-
-
-def split_static(pattern: str) -> tuple[str, str]:
-    """(leading directory with no %-token, the rest): ``/tmp/a_%p/x`` -> (``/tmp``, ``a_%p/x``)."""
-    parts = pattern.split("/")
-    n = 0
-    while n < len(parts) - 1 and "%" not in parts[n]:
-        n += 1
-    static = "/".join(parts[:n])
-    return (static or ("/" if pattern.startswith("/") else ".")), "/".join(parts[n:])
-
-
-def proc_view(proc_root: Path, pid: int, path: str) -> Path:
-    """Our way to a path as the process sees it (its root and cwd may not be ours)."""
-    if path.startswith("/"):
-        return proc_root / str(pid) / "root" / path.lstrip("/")
-    return proc_root / str(pid) / "cwd" / path
-
-
-def match_pattern(base: Path, rest: str, pid: int, suffix: str = "") -> list[Path]:
-    """Existing paths under ``base`` matching ``rest`` component by component (bounded scan)."""
-    found = [base]
-    comps = [c for c in rest.split("/") if c]
-    for n, comp in enumerate(comps):
-        last = n == len(comps) - 1
-        if "%" not in comp and not (last and suffix):
-            found = [p / comp for p in found]
-            continue
-        rx = pattern_regex(comp, pid, suffix if last else "")
-        found = [p / name for p in found for name in list_dir(p) if rx.fullmatch(name)]
-    return [p for p in found if os.path.lexists(p)]
-
-
-def list_dir(path: Path) -> list[str]:
-    try:
-        with os.scandir(path) as it:
-            return sorted(e.name for _, e in zip(range(DIR_SCAN_MAX), it, strict=False))
-    except OSError:
-        return []
-
-
-def fifo_fds(proc_root: Path, pid: int, rx: re.Pattern[str]) -> list[tuple[Path, str]]:
-    """(/proc/PID/fd/N, target) for each open FIFO whose target path matches ``rx``."""
-    fd_dir = proc_root / str(pid) / "fd"
-    out = []
-    for name in list_dir(fd_dir):
-        try:
-            target = os.readlink(fd_dir / name)
-            if rx.fullmatch(target) and stat.S_ISFIFO(os.stat(fd_dir / name).st_mode):
-                out.append((fd_dir / name, target))
-        except OSError:
-            continue
-    return out
-
-
-def abs_pattern(proc_root: Path, pid: int, pattern: str) -> str:
-    """A relative pattern made absolute against the process's cwd (as the process sees it)."""
-    if pattern.startswith("/"):
-        return pattern
-    try:
-        return os.readlink(proc_root / str(pid) / "cwd").rstrip("/") + "/" + pattern
-    except OSError:
-        return pattern
-
-
-def trigger_fifo(path: Path) -> str:
-    """Write one byte without blocking: 'ok', or why not (ENXIO: nobody reads the pipe)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as e:
-        return f"open failed: {e.strerror} ({path})"
-    try:
-        os.write(fd, b"1")
-    except OSError as e:
-        return f"write failed: {e.strerror}"
-    finally:
-        os.close(fd)
-    return "ok"
-
-
-def copy_private(src: Path, dest: Path) -> None:
-    """Copy into the bundle as a private file (0600), never over an existing one."""
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with src.open("rb") as fin, os.fdopen(fd, "wb") as fout:
-        shutil.copyfileobj(fin, fout, 1 << 20)
-
-
-def alive(proc_root: Path, pid: int) -> bool:
-    """False once the process is gone or a zombie."""
-    try:
-        text = (proc_root / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    return text.rpartition(")")[2].split()[:1] not in (["Z"], ["X"])
-
-
-# ---- the step ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -236,16 +101,9 @@ class CoreTarget:
 
 def discover(proc_root: Path, procs: Iterable[ProcInfo]) -> tuple[list[CoreTarget], dict[int, str]]:
     """CUDA processes with a core dump pipe, and why each other process was skipped."""
-    targets, skipped = [], {}
-    for p in procs:
-        try:
-            env = read_environ(proc_root, p.pid)
-        except PermissionError:
-            skipped[p.pid] = "permission denied reading /proc/PID/environ"
-            continue
-        except OSError:
-            skipped[p.pid] = "process gone"
-            continue
+    targets: list[CoreTarget] = []
+    skipped: dict[int, str] = {}
+    for p, env in read_environs(proc_root, procs, skipped):
         if env.get(ENABLE_VAR) != "1":
             skipped[p.pid] = f"{ENABLE_VAR}=1 not in its environment"
             continue
@@ -278,13 +136,6 @@ def _target(proc_root: Path, p: ProcInfo, env: dict[str, str]) -> CoreTarget | N
     except OSError as e:
         t.notes.append(f"core directory {static} not reachable: {e.strerror}")
     return t
-
-
-def is_fifo(path: Path) -> bool:
-    try:
-        return stat.S_ISFIFO(os.stat(path).st_mode)
-    except OSError:
-        return False
 
 
 def poll_core(t: CoreTarget, proc_root: Path, now: float, stable_s: float) -> None:
@@ -365,22 +216,17 @@ async def _run(
 async def _trigger_and_wait(
     targets: list[CoreTarget], settings: CoreDumpSettings, wait_until: float
 ) -> None:
-    # All at once: once one rank dies its peers fail too, so none may wait for another's dump.
-    results = await asyncio.to_thread(
-        lambda: [trigger_fifo(t._pipe_path or Path(t.pipe)) for t in targets]
+    await trigger_and_wait(
+        targets,
+        [t._pipe_path or Path(t.pipe) for t in targets],
+        lambda t, now: poll_core(t, settings.proc_root, now, settings.stable_s),
+        settings.poll_s,
+        wait_until,
     )
-    for t, result in zip(targets, results, strict=True):
-        t.trigger = result
-    pending = [t for t in targets if t.trigger == "ok"]
-    while pending and time.monotonic() < wait_until:
-        await asyncio.sleep(settings.poll_s)
-        for t in pending:
-            poll_core(t, settings.proc_root, time.monotonic(), settings.stable_s)
-        pending = [t for t in pending if not t.complete]
 
 
 def _nothing_to_do(skipped: dict[int, str]) -> tuple[StepStatus, str]:
-    if skipped and all(r.startswith("permission denied") for r in skipped.values()):
+    if all_denied(skipped):
         return "permission-denied", FIX_ENVIRON_PERMISSION
     if not any("no core dump pipe" in r for r in skipped.values()):
         return (

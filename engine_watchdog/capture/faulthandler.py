@@ -19,7 +19,7 @@ from pathlib import Path
 
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
 from engine_watchdog.model import ProcInfo
-from engine_watchdog.probes.procs import read_status_field
+from engine_watchdog.probes.pidns import read_status_field
 
 STEP_NAME = "faulthandler"
 

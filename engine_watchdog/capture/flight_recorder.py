@@ -20,19 +20,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine_watchdog.capture.cuda import (
+from engine_watchdog.capture.procfs import (
     FIX_ENVIRON_PERMISSION,
     abs_pattern,
-    copy_private,
+    all_denied,
     fifo_fds,
     is_fifo,
     list_dir,
     proc_view,
-    read_environ,
-    trigger_fifo,
+    read_environs,
+    trigger_and_wait,
 )
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
-from engine_watchdog.capture.tools import write_private
+from engine_watchdog.capture.tools import copy_private, write_private
 from engine_watchdog.model import ProcInfo
 
 NAME = "flight-recorder"
@@ -117,15 +117,8 @@ def find_ranks(proc_root: Path, procs: Iterable[ProcInfo]) -> tuple[list[RankDum
     """
     configs: dict[int, FrConfig] = {}
     skipped: dict[int, str] = {}
-    for p in procs:
-        try:
-            cfg = fr_config(read_environ(proc_root, p.pid))
-        except PermissionError:
-            skipped[p.pid] = "permission denied reading /proc/PID/environ"
-            continue
-        except OSError:
-            skipped[p.pid] = "process gone"
-            continue
+    for p, env in read_environs(proc_root, procs, skipped):
+        cfg = fr_config(env)
         if cfg is None:
             skipped[p.pid] = f"no {PIPE_VAR} with a trace buffer in its environment"
         else:
@@ -175,18 +168,9 @@ def make_flight_recorder_step(proc_root: Path = Path("/proc")) -> CaptureStep:
         if not ranks:
             status, detail = _nothing_to_do(skipped)
             return StepResult(NAME, status, detail=detail, elapsed_s=time.monotonic() - t0)
-        results = await asyncio.to_thread(
-            lambda: [trigger_fifo(r._pipe_path or Path(r.pipe)) for r in ranks]
-        )
-        for r, result in zip(ranks, results, strict=True):
-            r.trigger = result
+        pipes = [r._pipe_path or Path(r.pipe) for r in ranks]
         wait_until = t0 + min(WAIT_S, max(ctx.timeout_s - 1.0, 0.0))
-        pending = [r for r in ranks if r.trigger == "ok"]
-        while pending and time.monotonic() < wait_until:
-            await asyncio.sleep(POLL_S)
-            for r in pending:
-                poll_dump(r, time.monotonic())
-            pending = [r for r in pending if not r.complete]
+        await trigger_and_wait(ranks, pipes, poll_dump, POLL_S, wait_until)
         files = await asyncio.to_thread(_copy_out, ctx.workdir, ranks, skipped)
         status, detail = _outcome(ranks)
         return StepResult(NAME, status, files, detail, time.monotonic() - t0)
@@ -221,7 +205,7 @@ def _outcome(ranks: list[RankDump]) -> tuple[StepStatus, str]:
 
 
 def _nothing_to_do(skipped: dict[int, str]) -> tuple[StepStatus, str]:
-    if skipped and all(r.startswith("permission denied") for r in skipped.values()):
+    if all_denied(skipped):
         return "permission-denied", FIX_ENVIRON_PERMISSION
     return "not-available", (
         "no flight-recorder pipe: start the engine with TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "

@@ -96,3 +96,10 @@ def write_private(path: Path, data: bytes) -> None:
         f.flush()
         # The data must reach the disk now: a full disk found at close() would escape us.
         os.fsync(f.fileno())
+
+
+def copy_private(src: Path, dest: Path) -> None:
+    """Copy into the bundle as a private file (0600), never over an existing one."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with src.open("rb") as fin, os.fdopen(fd, "wb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+VLLM_TITLE_ROLES: tuple[tuple[str, str], ...] = (
+    ("EngineCore", "engine-core"),
+    ("Worker", "worker"),
+    ("DPCoordinator", "dp-coordinator"),
+    ("APIServer", "api-server"),
+)
+"""vLLM's title keywords (after ``VLLM::``); matched on the name so a custom prefix still works."""
+
 
 @dataclass(frozen=True)
 class EngineProfile:
@@ -52,6 +60,52 @@ class EngineProfile:
 
     extra: dict[str, str] = field(default_factory=dict)
     """Free-form notes for humans (where a name came from)."""
+
+    # -- Added for engines beyond vLLM. Every field has a default that keeps vLLM's behaviour. --
+
+    title_roles: tuple[tuple[str, str], ...] = VLLM_TITLE_ROLES
+    """(keyword, role) pairs: a process whose title matches ``process_titles`` gets the role of
+    the first keyword its name after the last ``::`` starts with (roles as in ``ProcInfo``)."""
+
+    cmdline_roles: tuple[tuple[str, str], ...] = ()
+    """(fragment, role) pairs for engines that set no process title: a command line holding the
+    fragment has that role (TGI's Python shards, for instance)."""
+
+    launcher_cmdline_markers: tuple[str, ...] = ()
+    """Command-line fragments of a launcher whose children are all the engine's although they are
+    siblings of the API server (TGI: the launcher starts the router and the shards)."""
+
+    gauge_progress: frozenset[str] = frozenset()
+    """Keys of ``progress`` carried by gauges: any change is progress, and a decrease is not a
+    restart (only counters going backwards mean that)."""
+
+    work_gauge_lag_s: float = 0.0
+    """How long the running/waiting gauges may keep a stale non-zero value after the engine went
+    idle (SGLang refreshes them only every 30 s when idle). A stall verdict that relies on the
+    gauges alone needs more quiet than this, or a canary."""
+
+    progress_needs_canary: bool = False
+    """Every progress series moves only when a request finishes: without a canary a long healthy
+    generation cannot be told from a hang."""
+
+    metrics_in_engine_loop: bool = False
+    """/metrics is answered by the engine's own loop (llama.cpp): when the loop hangs /metrics
+    times out while /health still answers 200, so that pair means a stall, not an outage."""
+
+    health_runs_generation: bool = False
+    """/health runs a one-token generation (SGLang's default): it can take its full timeout, and
+    a 503 means "no output for that long" (hung or dead), not only "dead"."""
+
+    abort_all: tuple[str, str] | None = None
+    """(path, JSON body) of a POST that aborts every in-flight request, where the engine has one
+    with a body unlike vLLM's ``abort_paths``."""
+
+    enable_hint: str = ""
+    """What the engine needs to export its metrics (a flag or a config key), said when they are
+    missing."""
+
+    blind_spots: tuple[str, ...] = ()
+    """What the engine's metrics cannot show and how the watchdog copes, one line each."""
 
     def wanted_series(self) -> frozenset[str]:
         """Every series name the metrics probe must keep; all others are dropped unparsed."""

@@ -14,6 +14,9 @@ from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.model import EngineSample, ScrapeObs
 from engine_watchdog.probes.exposition import Sample, is_number, parse_samples, series_names
 
+GAUGE_MARK = "~"
+"""Prefix of progress keys carried by gauges (any change is progress, a drop no restart)."""
+
 
 @dataclass(frozen=True)
 class RawScrape:
@@ -91,9 +94,10 @@ def parse_scrape(raw: RawScrape, profile: EngineProfile) -> ScrapeObs:
 def _no_series_detail(body: str, profile: EngineProfile) -> str:
     count, first = series_names(body)
     found = f"{count} series ({', '.join(first)}...)" if count else "no series at all"
+    hint = f" and {profile.enable_hint}" if profile.enable_hint else ""
     return (
         f"no {profile.name} series in /metrics: found {found}. Check that the URL is the "
-        f"{profile.name} API server and that it does not run with --disable-log-stats."
+        f"{profile.name} API server{hint}."
     )
 
 
@@ -117,7 +121,7 @@ def _engine_sample(engine: str, samples: list[Sample], profile: EngineProfile) -
     for key, names in profile.progress.items():
         value = _total(samples, names)
         if value is not None:
-            progress[key] = value
+            progress[GAUGE_MARK + key if key in profile.gauge_progress else key] = value
     return EngineSample(
         engine=engine,
         running=_total(samples, profile.running),

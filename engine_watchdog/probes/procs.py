@@ -19,13 +19,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 from urllib.parse import urlsplit
-
-import psutil
 
 from engine_watchdog.engines import VLLM, EngineProfile
 from engine_watchdog.model import ProcInfo, ProcsObs
+from engine_watchdog.probes.pidns import read_ns_pid
+from engine_watchdog.probes.proctable import ProcTable, PsutilTable, RawProc
 
 ROLE_ORDER = ("engine-core", "worker", "dp-coordinator", "api-server", "other")
 
@@ -57,66 +56,6 @@ FIX_NOT_FOUND = (
     "processes and sockets (Kubernetes: a sidecar in the engine's pod with "
     "shareProcessNamespace: true), or pass --pid"
 )
-
-
-@dataclass(frozen=True)
-class RawProc:
-    """One row of the process table, as read from the host."""
-
-    pid: int
-    ppid: int
-    cmdline: tuple[str, ...]
-    status: str
-    cpu_s: float
-
-
-class ProcTable(Protocol):
-    """The host's process table (psutil on a real host, plain data in tests)."""
-
-    def processes(self) -> Mapping[int, RawProc]:
-        """Every visible process."""
-        ...
-
-    def listeners(self) -> Mapping[int, frozenset[int]]:
-        """TCP port -> PIDs holding a listening socket on it (PIDs we may not see are absent)."""
-        ...
-
-
-class PsutilTable:
-    """ProcTable backed by psutil."""
-
-    _ATTRS = ("pid", "ppid", "cmdline", "status", "cpu_times")
-
-    def processes(self) -> Mapping[int, RawProc]:
-        out: dict[int, RawProc] = {}
-        for p in psutil.process_iter(list(self._ATTRS)):
-            out[p.pid] = _raw(p.info)
-        return out
-
-    def listeners(self) -> Mapping[int, frozenset[int]]:
-        by_port: dict[int, set[int]] = {}
-        try:
-            conns = psutil.net_connections(kind="tcp")
-        except psutil.AccessDenied:  # no socket visible: discovery falls back to titles
-            return {}
-        for c in conns:
-            if c.status == psutil.CONN_LISTEN and c.pid is not None and c.laddr:
-                by_port.setdefault(c.laddr.port, set()).add(c.pid)
-        return {port: frozenset(pids) for port, pids in by_port.items()}
-
-
-def _raw(info: Mapping[str, Any]) -> RawProc:
-    # psutil puts None where it was refused (AccessDenied) or the process vanished mid-read.
-    cmdline = info.get("cmdline") or []
-    times = info.get("cpu_times")
-    cpu = float(times.user + times.system) if times is not None else 0.0
-    return RawProc(
-        pid=int(info["pid"]),
-        ppid=int(info.get("ppid") or 0),
-        cmdline=tuple(str(a) for a in cmdline),
-        status=str(info.get("status") or "gone"),
-        cpu_s=round(cpu, 3),
-    )
 
 
 @dataclass(frozen=True)
@@ -229,28 +168,6 @@ def _ordered(
         return ROLE_ORDER.index(classify_role(title, profile, pid in listening)), pid
 
     return tuple(sorted(pids, key=key))
-
-
-def read_ns_pid(pid: int, proc_root: Path = Path("/proc")) -> int | None:
-    """The PID in the process's own namespace (last ``NSpid`` entry) when it differs."""
-    value = read_status_field(pid, "NSpid", proc_root)
-    if not value:
-        return None
-    inner = int(value.split()[-1])
-    return inner if inner != pid else None
-
-
-def read_status_field(pid: int | str, name: str, proc_root: Path = Path("/proc")) -> str | None:
-    """One field of ``/proc/PID/status`` (None when the process or the field is absent)."""
-    try:
-        text = (proc_root / str(pid) / "status").read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key == name:
-            return value.strip()
-    return None
 
 
 def proc_info(

@@ -11,6 +11,7 @@ clients are answered; it cannot unblock the engine, so a stall that persists esc
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 import aiohttp
@@ -46,8 +47,18 @@ async def abort_requests(
 ) -> AbortOutcome:
     """Try the profile's abort endpoints, most useful first; say what happened."""
     tried = []
+    if profile.abort_all is not None:  # an engine's own "abort everything" (SGLang)
+        path, body_text = profile.abort_all
+        status, text = await _post(session, base_url + path, json.loads(body_text), timeout_s)
+        if status == 200:
+            return AbortOutcome("ok", f"POST {path} {body_text}: aborted all in-flight requests")
+        tried.append(f"{path}: {status or text}")
     for path in sorted(profile.abort_paths, key=lambda p: p != "/abort_requests"):
-        all_requests = path == "/abort_requests"  # dev mode: an empty body aborts everything
+        if profile.abort_all is not None and path == profile.abort_all[0]:
+            continue  # tried above with its own body
+        all_requests = (
+            path == "/abort_requests" and profile.name == "vllm"
+        )  # dev mode: an empty body aborts everything
         if not all_requests and not known_ids:
             tried.append(f"{path}: no request ids known")
             continue
@@ -57,8 +68,10 @@ async def abort_requests(
             what = "all in-flight requests" if all_requests else f"{len(known_ids)} request(s)"
             return AbortOutcome("ok", f"POST {path}: aborted {what}")
         tried.append(f"{path}: {status or text}")
-    return AbortOutcome(
-        "not-available",
-        "no abort endpoint accepted (" + "; ".join(tried) + "). vLLM offers one with "
-        "VLLM_SERVER_DEV_MODE=1 (abort all) or --enable-scale-out (by request id)",
+    hint = (
+        ". vLLM offers one with VLLM_SERVER_DEV_MODE=1 (abort all) or --enable-scale-out (by id)"
+        if profile.name == "vllm"
+        else ""
     )
+    what = "; ".join(tried) or f"{profile.name} has none"
+    return AbortOutcome("not-available", f"no abort endpoint accepted ({what}){hint}")

@@ -11,7 +11,8 @@ from pathlib import Path
 import aiohttp
 
 from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bundle
-from engine_watchdog.capture.cuda import ENABLE_VAR, read_environ
+from engine_watchdog.capture.cuda import ENABLE_VAR
+from engine_watchdog.capture.procfs import read_environ
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
 from engine_watchdog.model import Outcome, ProcInfo, Verdict

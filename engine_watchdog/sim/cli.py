@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from engine_watchdog.sim.server import run_sim
-from engine_watchdog.sim.settings import FAULT_NAMES, SimSettings, SimSettingsError
+from engine_watchdog.sim.settings import DIALECTS, FAULT_NAMES, SimSettings, SimSettingsError
 
 _D = SimSettings()  # defaults, shown in --help
 
@@ -70,6 +70,13 @@ _D = SimSettings()  # defaults, shown in --help
     "--slow-tokens-per-second", type=float, default=_D.slow_tokens_per_second, show_default=True
 )
 @click.option("--api-freeze-seconds", type=float, default=_D.api_freeze_seconds, show_default=True)
+@click.option(
+    "--dialect",
+    type=click.Choice(DIALECTS),
+    default=_D.dialect,
+    show_default=True,
+    help="Speak this engine's /metrics dialect (names, labels, types); the API stays vLLM's.",
+)
 @click.pass_context
 def sim_command(ctx: click.Context, /, **options: Any) -> None:
     """Run a vLLM-compatible engine simulator with injectable faults.

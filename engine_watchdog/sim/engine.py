@@ -147,13 +147,22 @@ class EngineCore:
         self.send(p.OUTPUTS, p.EngineOutputs(result.outputs, result.stats).to_wire())
         interval = 1.0 / self.faults.steps_per_second(self.settings.tokens_per_second)
         self._next_step_at = max(self._next_step_at, now) + interval
+        if self.faults.is_slow():
+            # A slow engine is busy computing its long step, not asleep: burn the CPU meanwhile,
+            # so the process looks like a real slow engine (and unlike a deadlocked one).
+            _compute_until(self._next_step_at)
 
     def _handle(self, kind: str, body: dict[str, Any]) -> None:
         if kind == p.ADD:
             self.sched.add(p.AddRequest(**body))
         elif kind == p.ABORT:
-            # The API already finished these requests for its clients: free them, say nothing.
+            # The API already finished these requests for its clients: free them. vLLM keeps a
+            # finished request in the batch until its next step, which reports the new counts;
+            # with nothing else to run, report them here.
             self.sched.abort(list(body["request_ids"]))
+            if not self._has_work():
+                stats = self.sched.stats_now()
+                self.send(p.OUTPUTS, p.EngineOutputs([], stats).to_wire())
         elif kind == p.CALL:
             self._utility(int(body["call_id"]), str(body["method"]), dict(body.get("args", {})))
         else:
@@ -233,6 +242,12 @@ def process_title(rank: int, data_parallel_size: int) -> str:
     prefix = os.environ.get("VLLM_PROCESS_NAME_PREFIX", "VLLM")
     suffix = f"_DP{rank}" if data_parallel_size > 1 else ""
     return f"{prefix}::EngineCore{suffix}"
+
+
+def _compute_until(deadline: float) -> None:
+    """Busy CPU until ``deadline`` (monotonic), bounded by it."""
+    while time.monotonic() < deadline:
+        sum(range(2000))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -116,6 +116,10 @@ class EngineFaults:
         with self._lock:
             return {"fault": self._spec.name, "state": self._state, "params": self._spec.to_wire()}
 
+    def is_slow(self) -> bool:
+        with self._lock:
+            return self._spec.name == "slow"
+
     def steps_per_second(self, normal: float) -> float:
         with self._lock:
             slow = self._spec.name == "slow"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -24,6 +25,9 @@ from prometheus_client import (
 
 from engine_watchdog.sim.protocol import SchedulerStats
 from engine_watchdog.sim.settings import SimSettings
+
+if TYPE_CHECKING:
+    from engine_watchdog.sim.dialects import Dialect
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
@@ -196,11 +200,18 @@ class SimMetrics:
 
     def __init__(self, settings: SimSettings) -> None:
         self.registry = CollectorRegistry()
+        self._engines: dict[int, _Engine] = {}
+        self._dialect: Dialect | None = None
+        if settings.dialect != "vllm":
+            # Imported here: dialects.py builds on this module's IterationStats.
+            from engine_watchdog.sim.dialects import make_dialect
+
+            self._dialect = make_dialect(settings)
+            return
         # vLLM exports the default collectors too (it uses the global registry).
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
-        self._engines: dict[int, _Engine] = {}
         if settings.disable_log_stats:
             return
         fam = _Families(self.registry, settings.kv_capacity_tokens)
@@ -210,6 +221,9 @@ class SimMetrics:
 
     def record(self, rank: int, stats: SchedulerStats, it: IterationStats | None) -> None:
         """Update one rank's series from an engine output batch (vLLM: record())."""
+        if self._dialect is not None:
+            self._dialect.record(rank, stats, it)
+            return
         e = self._engines.get(rank)
         if e is None:
             return
@@ -240,6 +254,8 @@ class SimMetrics:
                 e.sleep_state[state].set(1 if i == level else 0)
 
     def exposition(self) -> bytes:
+        if self._dialect is not None:
+            return self._dialect.exposition()
         return generate_latest(self.registry)
 
 

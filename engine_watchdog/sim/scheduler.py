@@ -191,6 +191,10 @@ class Scheduler:
     def _kv_free(self) -> int:
         return self.kv_capacity - sum(self._reserved(r) for r in self.running)
 
+    def stats_now(self) -> SchedulerStats:
+        """The counts as they stand, between steps."""
+        return self._stats(0)
+
     def _stats(self, preempted: int) -> SchedulerStats:
         held = sum(r.num_computed for r in self.running)
         return SchedulerStats(

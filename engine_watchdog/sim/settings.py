@@ -18,6 +18,9 @@ FAULT_NAMES = (
 )
 """Every fault the simulator can inject; ``none`` clears one."""
 
+DIALECTS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm")
+"""Metrics dialects the simulator can speak (see sim/dialects.py); the API stays vLLM's."""
+
 
 class SimSettingsError(ValueError):
     """A setting is out of range; the message names it."""
@@ -84,6 +87,10 @@ class SimSettings:
     engine_start_timeout: float = 30.0
     """Seconds to wait for every engine core's handshake before giving up."""
 
+    dialect: str = "vllm"
+    """Whose /metrics to speak (one of :data:`DIALECTS`): names, labels, types and when each
+    series moves follow that engine; the HTTP API stays the same."""
+
     def __post_init__(self) -> None:
         validate(self)
 
@@ -123,5 +130,7 @@ def validate(s: SimSettings) -> None:
         raise SimSettingsError(f"kv_capacity_tokens must be >= 2, got {s.kv_capacity_tokens}")
     if not 0 <= s.port <= 65535:
         raise SimSettingsError(f"port must be 0..65535, got {s.port}")
+    if s.dialect not in DIALECTS:
+        raise SimSettingsError(f"dialect must be one of {', '.join(DIALECTS)}, got {s.dialect!r}")
     if s.fault not in FAULT_NAMES:
         raise SimSettingsError(f"fault must be one of {', '.join(FAULT_NAMES)}, got {s.fault!r}")

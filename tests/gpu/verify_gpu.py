@@ -103,9 +103,7 @@ def say(*parts: Any) -> None:
 def run(argv: list[str], timeout: float) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
-        p = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         return {
             "s": round(time.monotonic() - t0, 2),
             "rc": p.returncode,

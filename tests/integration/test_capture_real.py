@@ -22,7 +22,8 @@ from engine_watchdog.capture.cli import capture_command, doctor_command
 from engine_watchdog.capture.pyspy import pyspy_step
 from engine_watchdog.capture.step import CaptureContext, StepResult
 from engine_watchdog.capture.tools import resolve_tools, write_private
-from engine_watchdog.probes.procs import read_ns_pid, sample_procs
+from engine_watchdog.probes.pidns import read_ns_pid
+from engine_watchdog.probes.procs import sample_procs
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "capture"
 START_TIMEOUT_S = 60.0
@@ -220,9 +221,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     try:
         yield mnt
     finally:
-        subprocess.run(
-            ["umount", "-l", str(mnt)], capture_output=True, timeout=30, check=False
-        )
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30, check=False)
 
 
 async def test_disk_that_fills_leaves_no_partial_bundle(

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from engine_watchdog.capture.bundle import (
-    SCHEMA_VERSION,
     BundleError,
     BundleSettings,
     bundle_name,
@@ -28,6 +27,7 @@ from engine_watchdog.capture.evidence import (
     redact_argv,
     redact_env,
 )
+from engine_watchdog.capture.manifest import SCHEMA_VERSION
 from engine_watchdog.capture.retention import prune
 from engine_watchdog.capture.step import CaptureContext, StepResult
 from engine_watchdog.capture.tools import write_private

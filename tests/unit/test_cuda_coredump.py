@@ -10,11 +10,9 @@ import threading
 import time
 from pathlib import Path
 
-from engine_watchdog.capture.cuda import (
-    CoreDumpSettings,
-    discover,
+from engine_watchdog.capture.cuda import CoreDumpSettings, discover, make_cuda_coredump_step
+from engine_watchdog.capture.procfs import (
     expand_pattern,
-    make_cuda_coredump_step,
     match_pattern,
     pattern_regex,
     read_environ,

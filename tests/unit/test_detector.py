@@ -193,3 +193,15 @@ def test_stall_latency_follows_the_setting(stall: float) -> None:
     e = Eng(running=1)
     _, seen = run(list(timeline(100, e)), stall_seconds=stall, startup_grace_seconds=0)
     assert first_stall(seen) == (stall, "no-progress")
+
+
+def test_a_gauge_carried_progress_signal_dropping_is_progress_not_a_restart() -> None:
+    def s(t: float, latency: float) -> ScrapeObs:
+        sample = EngineSample("0", 1, 0, None, False, {"~iteration_latency": latency, "tokens": 5})
+        return ScrapeObs(T0 + t, (sample,), status=200)
+
+    d = Detector()
+    d.feed(s(0, 0.5))
+    d.feed(s(1, 0.2))
+    v = d.verdicts["0"]
+    assert v.last_progress_t == T0 + 1 and "restarted" not in " ".join(v.evidence)

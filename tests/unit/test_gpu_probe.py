@@ -12,7 +12,8 @@ import pytest
 from engine_watchdog.capture.gpu import decode_clock_reasons, make_gpu_step, render_text
 from engine_watchdog.capture.step import CaptureContext
 from engine_watchdog.model import GpuInfo, ProcInfo
-from engine_watchdog.probes.gpu import GpuProbe, classify_gpu, map_pids
+from engine_watchdog.probes.gpu import GpuProbe, classify_gpu
+from engine_watchdog.probes.pidns import map_pids
 
 
 class FakeNVMLError(Exception):

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 
 from engine_watchdog.engines import VLLM
+from engine_watchdog.probes.pidns import read_ns_pid
 from engine_watchdog.probes.procs import (
-    RawProc,
     classify_role,
     normalise_state,
-    read_ns_pid,
     sample_procs,
     sample_procs_async,
     select_pids,
     title_of,
     url_port,
 )
+from engine_watchdog.probes.proctable import RawProc
 
 
 def raw(pid: int, ppid: int, *cmdline: str, status: str = "sleeping", cpu: float = 1.0) -> RawProc:
