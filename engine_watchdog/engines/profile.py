@@ -100,6 +100,9 @@ class EngineProfile:
     """(path, JSON body) of a POST that aborts every in-flight request, where the engine has one
     with a body unlike vLLM's ``abort_paths``."""
 
+    canary_id_format: str = "{}"
+    """How the engine names a completion sent with ``X-Request-Id: {}`` (its abort takes that)."""
+
     enable_hint: str = ""
     """What the engine needs to export its metrics (a flag or a config key), said when they are
     missing."""

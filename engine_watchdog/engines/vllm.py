@@ -32,6 +32,7 @@ VLLM = EngineProfile(
     abort_paths=("/inference/v1/abort_requests", "/abort_requests"),
     process_titles=("VLLM::EngineCore", "VLLM::Worker", "VLLM::DPCoordinator", "VLLM::APIServer"),
     process_cmdline_markers=("vllm.entrypoints.openai.api_server", "vllm serve", "vllm/bin/vllm"),
+    canary_id_format="cmpl-{}-0",  # vllm/entrypoints/openai/completion/serving.py
     enable_hint="do not start vLLM with --disable-log-stats (it removes every vllm: series)",
     blind_spots=(
         "prompt_tokens_total moves only when a prefill completes: a long chunked prefill is "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections.abc import Callable
 
@@ -40,19 +41,22 @@ class Canary:
         self.clock = clock
         self.model: str | None = None
         self.pending: set[str] = set()
-        """Request ids of canaries in flight (an abort by id can end them)."""
+        """Engine-side ids of canaries in flight (an abort by id can end them)."""
 
     async def send(self) -> CanaryObs:
         sent = self.clock()
         started = time.monotonic()
         try:
             model = self.model or await self._discover_model()
-            status = await self._complete(model)
+            status, finish = await self._complete(model)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             return CanaryObs(self.clock(), ok=False, error=error_code(exc), sent_t=sent)
         except LookupError as exc:
             return CanaryObs(self.clock(), ok=False, error=f"unusable: {exc}", sent_t=sent)
         latency = time.monotonic() - started
+        if status == 200 and finish == "abort":
+            # Ended by an abort (ours, on a stuck engine): no proof of life.
+            return CanaryObs(self.clock(), ok=False, error="aborted", sent_t=sent)
         if status == 200:
             return CanaryObs(self.clock(), ok=True, latency_s=round(latency, 4), sent_t=sent)
         # 5xx: the engine failed it (vLLM's EngineDeadError is a 500); 4xx: our request's fault.
@@ -72,17 +76,30 @@ class Canary:
         self.model = models[0]
         return self.model
 
-    async def _complete(self, model: str) -> int:
+    async def _complete(self, model: str) -> tuple[int, str | None]:
+        """(HTTP status, the first choice's finish_reason)."""
         # A request id of our own: a stuck canary can be aborted by id where the engine allows.
         request_id = f"engine-watchdog-canary-{next(_ids)}"
         headers = {"X-Request-Id": request_id}
+        # vLLM tracks a completion as cmpl-<X-Request-Id>-<prompt index> (openai/completion/
+        # serving.py); that is the id its abort endpoint takes.
+        engine_id = self.profile.canary_id_format.format(request_id)
         body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0.0}
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         url = self.base_url + self.profile.completions_path
-        self.pending.add(request_id)
+        self.pending.add(engine_id)
         try:
             async with self.session.post(url, json=body, headers=headers, timeout=timeout) as resp:
-                await resp.read()
-                return resp.status
+                text = await resp.text()
+                return resp.status, _finish_reason(text) if resp.status == 200 else None
         finally:
-            self.pending.discard(request_id)
+            self.pending.discard(engine_id)
+
+
+def _finish_reason(text: str) -> str | None:
+    try:
+        choices = json.loads(text).get("choices") or [{}]
+        reason = choices[0].get("finish_reason")
+    except (ValueError, AttributeError, IndexError):
+        return None
+    return reason if isinstance(reason, str) else None

@@ -73,7 +73,10 @@ class EngineActions:
         procs = await self._procs()
         if destructive and not any(map(_core_dump_enabled, procs)):
             return Outcome("skipped", f"no engine process has {ENABLE_VAR}=1: no CUDA core dump")
-        bundle = replace(self.settings.bundle, destructive=destructive)
+        # The profile's name, not the setting: "--engine auto" is resolved by now.
+        bundle = replace(
+            self.settings.bundle, destructive=destructive, engine=self.watcher.profile.name
+        )
         if destructive:
             bundle = replace(bundle, step_timeout_s=DESTRUCTIVE_STEP_TIMEOUT_S)
         try:

@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 from engine_watchdog.model import Outcome
 from engine_watchdog.recovery.history import ActionHistory, ActionRecord, RateLimit
 
@@ -111,10 +113,15 @@ class ChildEngine:
         async with self._lock:
             await self._stop()
 
-    async def _stop(self) -> None:
+    async def _stop(self, hard: bool = False) -> None:
+        """End the engine: gracefully on shutdown; ``hard`` (a stuck engine) kills its children
+        first, so the API server fails the stuck requests and exits at once instead of waiting
+        out the grace for streams that will never finish."""
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return
+        if hard:
+            await asyncio.to_thread(_kill_children, proc.pid)
         for sig, wait in (
             (signal.SIGCONT, 0.0),
             (signal.SIGTERM, STOP_GRACE_S),
@@ -142,3 +149,15 @@ class ChildEngine:
                     f.seek(0)
                 f.write(line)
                 f.flush()
+
+
+def _kill_children(pid: int) -> None:
+    """SIGCONT and SIGKILL every descendant of ``pid`` (blocking; psutil)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            child.send_signal(signal.SIGCONT)
+            child.kill()

@@ -104,3 +104,13 @@ def pytest_runtest_makereport(
         for server in LIVE_SERVERS:
             report.sections.append((f"vLLM server log tail ({server.log_path})", server.log_tail()))
     return report
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The recovery measurements of test_recovery.py (times from the fault), if it ran."""
+    from .test_recovery_harness import REPORT_LINES
+
+    if REPORT_LINES:
+        terminalreporter.section("recovery on a real vLLM (seconds from the fault)")
+        for line in REPORT_LINES:
+            terminalreporter.write_line(line)

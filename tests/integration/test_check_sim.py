@@ -52,5 +52,7 @@ async def test_check_on_a_server_without_vllm_series_says_what_it_found(
     sim = await sim_factory("--disable-log-stats")
     ran = await run_cli("check", sim.url, "--stall-seconds", STALL)
     assert ran.code == 2
-    assert "no vllm series" in ran.out and "--disable-log-stats" in ran.out
+    # --engine auto: no engine's series at all; the line names what it found and each fix.
+    assert "unknown engine" in ran.out and "process_" in ran.out
+    assert "--disable-log-stats" in ran.out and "pass --engine" in ran.out
     assert ran.out.count("\n") == 1

@@ -1,0 +1,209 @@
+"""Recovery on a REAL vLLM, in supervise mode: ``engine-watchdog run ... -- <vLLM>
+--enable-scale-out`` with the ladder capture -> abort -> restart (issue 5, "Proof on a real vLLM").
+
+ONE supervised engine serves the whole module; the tests run in file order and each leaves the
+engine serving again:
+
+a. healthy streaming load for two minutes: no stall verdict, no action, every request completes;
+b. the abort rung's call ends the canary it names (the only requests whose ids it knows);
+c. SIGSTOP of ``VLLM::EngineCore`` under load: verdict ``stopped``, a bundle, the abort call
+   accepted, escalation to a restart, serving again, every in-flight request answered;
+d. a real deadlock inside the engine core (tests/e2e/plugin: the engine step takes a lock twice
+   once a trigger file exists): the same, and the bundle's stacks show the lock's frame;
+e. SIGKILL of the engine core: ``engine-dead`` and exactly one restart.
+
+Times are from the fault to the stall verdict, to the old engine's processes gone and to the
+first successful completion; they are printed at the end of the run (terminal summary).
+On this 2-core machine the module takes about 7 minutes (each vLLM start costs 40-60 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from engine_watchdog.engines import VLLM
+from engine_watchdog.loadgen import StreamingLoad
+from engine_watchdog.probes.canary import Canary
+from engine_watchdog.recovery.abort import abort_requests
+
+from .test_recovery_harness import (
+    DEADLOCK_FRAME,
+    REPORT_LINES,
+    Recovery,
+    Supervised,
+    WatchdogOptions,
+    recover_from,
+    start_supervised,
+    stop_supervised,
+    wait_until,
+)
+from .vllm_env import VllmEnv
+
+pytestmark = pytest.mark.e2e
+
+OPTS = WatchdogOptions()
+HEALTHY_S = 120.0
+FAST_STALL_S = 10.0  # the watchdog's --fast-stall-seconds default (a stopped process)
+VERDICT_SLACK_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def supervised(vllm_env: VllmEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervised]:
+    """One ``engine-watchdog run`` supervising one vLLM for the module; all of it stopped after."""
+    sup = start_supervised(vllm_env, tmp_path_factory.mktemp("recovery"), OPTS)
+    try:
+        yield sup
+    finally:
+        stop_supervised(sup)
+
+
+def report(recovery: Recovery) -> None:
+    line = recovery.line()
+    REPORT_LINES.append(line)
+    print(f"\n[e2e] {line}")
+
+
+def watchdog_alive(sup: Supervised) -> None:
+    assert sup.proc.poll() is None, f"the watchdog exited {sup.proc.returncode}:\n{sup.log_tail()}"
+
+
+def actions_of(rec: Recovery, action: str, result: str | None = None) -> list[dict[str, Any]]:
+    return [a for a in rec.actions if a["action"] == action and result in (None, a["result"])]
+
+
+def assert_recovered(rec: Recovery, sup: Supervised) -> None:
+    """Serving again, one restart, every request that was in flight answered."""
+    context = f"{rec.line()}\nactions: {rec.actions}\n{sup.log_tail()}"
+    assert rec.verdict is not None, f"no stall verdict\n{context}"
+    assert rec.stopped_s is not None, f"the old engine never stopped\n{context}"
+    assert rec.served_s is not None, f"no completion after the restart\n{context}"
+    assert len(actions_of(rec, "restart", "ok")) == 1, context
+    assert rec.in_flight > 0, context
+    assert rec.outcome.hanging == 0, context
+    assert rec.answered == rec.in_flight, context
+    watchdog_alive(sup)
+
+
+def assert_abort_then_restart(rec: Recovery) -> None:
+    """The abort rung called /inference/v1/abort_requests (200), the stall went on and the same
+    incident escalated to a restart (not a second verdict's incident)."""
+    aborts = actions_of(rec, "abort")
+    restarts = actions_of(rec, "restart", "ok")
+    assert len(aborts) == 1, rec.actions
+    assert aborts[0]["result"] == "ok", aborts
+    assert "/inference/v1/abort_requests" in aborts[0]["detail"], aborts
+    assert restarts and restarts[0]["t"] > aborts[0]["t"], rec.actions
+    assert len(actions_of(rec, "capture", "ok")) == 1, rec.actions
+
+
+def bundle_of(rec: Recovery, sup: Supervised) -> Path:
+    bundles = sup.bundles(since=rec.fault_t)
+    assert bundles, f"no incident bundle since the fault in {sup.incident_dir}"
+    bundle = bundles[0]
+    assert (bundle / "summary.md").is_file(), sorted(bundle.iterdir())
+    assert list((bundle / "pyspy").glob("*.txt")), sorted(bundle.iterdir())
+    return bundle
+
+
+@pytest.mark.timeout(600)  # also starts the module's engine (40-90 s here, up to 240 s bound)
+async def test_healthy_load_takes_no_action(supervised: Supervised) -> None:
+    sup = supervised
+    async with StreamingLoad(sup.base_url, clients=4, model="tiny") as load:
+        await load.wait_for(chunks=20, in_flight=2, timeout=60)
+        started = load.outcome()
+        await asyncio.sleep(HEALTHY_S)
+        outcome = await load.stop(drain_s=60)
+    line = f"healthy {HEALTHY_S:.0f} s: {outcome.completed} completed, {outcome.errored} errored"
+    REPORT_LINES.append(line + f", {outcome.hanging} hanging")
+    print(f"\n[e2e] {line}")
+    stalls = [v for v in sup.transitions if v["state"] == "stalled"]
+    assert not stalls, stalls
+    assert sup.actions() == []
+    assert (outcome.errored, outcome.hanging) == (0, 0), outcome.errors
+    assert outcome.completed > started.completed + 4, outcome
+    watchdog_alive(sup)
+
+
+async def test_abort_rung_ends_the_canary_it_names(supervised: Supervised) -> None:
+    """The abort rung (recovery/abort.py) aborts by the ids of the watchdog's own canaries
+    (probes/canary.py). vLLM names a /v1/completions request ``cmpl-<X-Request-Id>-<i>``, and
+    ``/inference/v1/abort_requests`` answers 200 for ids it does not know: the call must name
+    the request vLLM knows, so that the canary really ends, and an aborted canary (HTTP 200,
+    finish_reason "abort") is no proof of life."""
+    sup = supervised
+    pids = sup.engine_core_pids()
+    async with aiohttp.ClientSession() as session:
+        canary = Canary(session, sup.base_url, VLLM, timeout_s=20.0)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            sent = asyncio.create_task(canary.send())
+            await wait_until(lambda: sorted(canary.pending) or None, 5.0)
+            await asyncio.sleep(1.0)  # the request reaches vLLM's API server
+            done = await abort_requests(session, sup.base_url, VLLM, sorted(canary.pending))
+            finished = await asyncio.wait({sent}, timeout=5.0)
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        obs = await sent
+    assert done.result == "ok", done
+    assert finished[0], f"{done.detail}, yet the canary still ran 5 s later: {obs}"
+    assert not obs.ok, f"an aborted canary counted as proof of life: {obs}"
+
+
+async def test_sigstopped_engine_core_is_restarted(supervised: Supervised) -> None:
+    sup = supervised
+    rec = await recover_from(sup, "sigstop")
+    report(rec)
+    assert rec.cause == "stopped", rec.verdict
+    assert rec.verdict_s is not None and rec.verdict_s <= FAST_STALL_S + VERDICT_SLACK_S
+    assert_recovered(rec, sup)
+    assert_abort_then_restart(rec)
+    bundle_of(rec, sup)
+
+
+async def test_deadlocked_engine_core_is_captured_and_restarted(supervised: Supervised) -> None:
+    sup = supervised
+    rec = await recover_from(sup, "deadlock")
+    report(rec)
+    assert not sup.trigger.exists()
+    assert rec.verdict_s is not None and rec.verdict_s <= OPTS.stall_s + VERDICT_SLACK_S
+    assert_recovered(rec, sup)
+    assert_abort_then_restart(rec)
+    bundle = bundle_of(rec, sup)
+    stacks = [p.read_text(errors="replace") for p in (bundle / "pyspy").glob("*.txt")]
+    summary = (bundle / "summary.md").read_text(errors="replace")
+    assert any(DEADLOCK_FRAME in s for s in stacks), f"no {DEADLOCK_FRAME} in {bundle}/pyspy"
+    assert DEADLOCK_FRAME in summary, summary[:2000]
+
+
+async def test_killed_engine_core_is_restarted_once(supervised: Supervised) -> None:
+    sup = supervised
+    rec = await recover_from(sup, "sigkill")
+    # The supervisor's own restart call comes after the verdict; wait for it before counting.
+    await wait_until(lambda: _supervisor_restart(sup, rec.fault_t), 60.0)
+    rec = replace(rec, actions=tuple(sup.actions(since=rec.fault_t)))
+    report(rec)
+    assert rec.cause == "engine-dead", rec.verdict
+    assert rec.verdict_s is not None and rec.verdict_s <= FAST_STALL_S, rec.verdict
+    assert_recovered(rec, sup)  # exactly one restart with result ok
+    assert not actions_of(rec, "abort"), rec.actions  # nothing to abort in a dead engine
+    assert _supervisor_restart(sup, rec.fault_t), rec.actions
+
+
+def _supervisor_restart(sup: Supervised, since: float) -> dict[str, Any] | None:
+    """The supervisor's restart record (supervise mode's own is 'engine exited (rc)')."""
+    records = sup.actions(since)
+    mine = [a for a in records if a["action"] == "restart"]
+    return next((a for a in mine if not a["detail"].startswith("engine exited")), None)
