@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from engine_watchdog.judging import DetectorSettings
+from engine_watchdog.judging import movement as _movement
 from engine_watchdog.model import (
     CanaryObs,
     EngineSample,
@@ -23,25 +25,10 @@ from engine_watchdog.model import (
 )
 from engine_watchdog.signals import Signals
 
+__all__ = ["TARGET", "Detector", "DetectorSettings"]
+
 TARGET = "-"
 """Pseudo-engine that carries the verdict before any rank has been seen."""
-
-
-@dataclass(frozen=True)
-class DetectorSettings:
-    stall_seconds: float = 30.0
-    """Seconds without progress, while work is present, before the verdict is stalled."""
-    suspect_seconds: float = 5.0
-    """Seconds without progress, while work is present, before the verdict is suspect."""
-    startup_grace_seconds: float = 10.0
-    """No stalled verdict until this long after the first good scrape."""
-    fast_stall_seconds: float = 10.0
-    """With strong evidence (engine stopped, GPU spin-waiting, a failed canary): stalled after
-    this many seconds without progress instead of --stall-seconds."""
-    canary_after_seconds: float = 5.0
-    """Ask for a canary once progress has been flat this long with work present."""
-    idle_canary_seconds: float = 60.0
-    """Ask for a canary this often while the engine looks idle (a wedged idle engine looks idle)."""
 
 
 @dataclass
@@ -156,6 +143,8 @@ class Detector:
             state, cause = State.STALLED, "engine-dead"
         elif self._api_unresponsive(obs):
             state, cause = State.STALLED, "api-unresponsive"
+        elif self._engine_loop_silent(obs):
+            state, cause = State.STALLED, "no-progress"
         changes = []
         for track in self._tracks.values():
             changes += self._set(track, obs.t, state, cause, note=obs.detail)
@@ -168,6 +157,14 @@ class Detector:
         assert self._unreachable_since is not None
         since = max(self._unreachable_since, self._health_timeout_since)
         return obs.t - since >= self.settings.stall_seconds
+
+    def _engine_loop_silent(self, obs: ScrapeObs) -> bool:
+        """/metrics answered by the engine's own loop (llama.cpp) timing out for the whole stall
+        window: the loop is hung, whatever /health says."""
+        if not self.settings.metrics_from_engine_loop or obs.error != "timeout":
+            return False
+        assert self._unreachable_since is not None
+        return obs.t - self._unreachable_since >= self.settings.stall_seconds
 
     def _on_health(self, obs: HealthObs) -> list[Transition]:
         if obs.error == "timeout":
@@ -296,23 +293,3 @@ class Detector:
         )
         track.note = None
         return [Transition(old.state, track.verdict)] if changed else []
-
-
-def _movement(prev: EngineSample | None, cur: EngineSample) -> tuple[bool, bool]:
-    """(moved, reset): did any progress signal move, did any counter go backwards."""
-    if prev is None:
-        return False, False
-    moved = reset = False
-    for key, value in cur.progress.items():
-        before = prev.progress.get(key)
-        if before is None:
-            continue
-        if key.startswith("~") and value != before:
-            moved = True  # a gauge (e.g. an iteration latency): its drops are no restart
-        elif value < before:
-            reset = True
-        elif value > before:
-            moved = True
-    if cur.kv_usage is not None and prev.kv_usage is not None and cur.kv_usage != prev.kv_usage:
-        moved = True
-    return moved, reset

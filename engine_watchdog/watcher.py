@@ -82,9 +82,10 @@ class Watcher:
         # "auto": judged as vLLM until the first answer of /metrics names the engine.
         self.profile = PROFILES.get(settings.engine, VLLM)
         self.detecting = settings.engine == "auto"
+        self.detector = Detector(settings.detector)
         if not self.detecting:
             warn_blind_spots(settings, self.profile)
-        self.detector = Detector(settings.detector)
+            self._adopt(self.profile)
         self.target = settings.url
         self.timeline: deque[dict[str, Any]] = deque()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
@@ -167,6 +168,12 @@ class Watcher:
         self.last_scrape = obs
         return obs
 
+    def _adopt(self, profile: EngineProfile) -> None:
+        """What the detector must know of the engine (it never sees profiles)."""
+        if profile.metrics_in_engine_loop:
+            d = self.detector.settings
+            self.detector.settings = replace(d, metrics_from_engine_loop=True)
+
     def _detect(self, body: str, status: int) -> str | None:
         """Fix the engine profile from a /metrics answer; the reason when it cannot."""
         found = detect_profile(body, status)
@@ -174,6 +181,7 @@ class Watcher:
             return found.message()
         log.info("%s: %s", self.target, found.message())
         self.profile, self.detecting = found.profile, False
+        self._adopt(found.profile)
         self.canary.profile = self.procs.profile = found.profile
         warn_blind_spots(self.settings, found.profile)
         return None

@@ -29,13 +29,6 @@ from engine_watchdog.probes.proctable import ProcTable, PsutilTable, RawProc
 ROLE_ORDER = ("engine-core", "worker", "dp-coordinator", "api-server", "other")
 
 # Role from the title's name after "::" so a custom VLLM_PROCESS_NAME_PREFIX still classifies.
-_TITLE_ROLES = (
-    ("EngineCore", "engine-core"),
-    ("Worker", "worker"),
-    ("DPCoordinator", "dp-coordinator"),
-    ("APIServer", "api-server"),
-)
-
 # psutil status names -> the six states the detector knows (ProcInfo.state); any other status
 # (idle, waking, parked...) is a kind of sleep. A process held by a debugger, or mid py-spy
 # dump (tracing-stop), makes no progress either: stopped.
@@ -82,12 +75,16 @@ def title_of(cmdline: Sequence[str]) -> str:
 
 
 def classify_role(title: str, profile: EngineProfile, listening: bool = False) -> str:
-    """api-server | engine-core | worker | dp-coordinator | other, from the title."""
+    """api-server | engine-core | worker | dp-coordinator | other, from the title (the
+    profile's title keywords), or the command line for engines that set no title."""
     if any(title.startswith(prefix) for prefix in profile.process_titles):
         name = title.rsplit("::", 1)[-1]
-        for keyword, role in _TITLE_ROLES:
+        for keyword, role in profile.title_roles:
             if name.startswith(keyword):
                 return role
+    for fragment, role in profile.cmdline_roles:
+        if fragment in title:
+            return role
     if listening or any(m in title for m in profile.process_cmdline_markers):
         return "api-server"
     return "other"

@@ -117,3 +117,28 @@ async def test_watch_says_engine_dead_when_the_engine_core_crashes(
     # The idle canary may be in flight and fail first (HTTP 500): engine-dead must follow.
     await watch.next_state("stalled", timeout=20, cause="engine-dead")
     await eventually(lambda: sim.returncode is not None, timeout=20, what="the API server exits")
+
+
+async def test_liveness_rung_fails_livez_until_the_engine_progresses_again(
+    sim_factory: SimFactory, sim_http: SimHttp, watch_factory: Any
+) -> None:
+    """For an engine livenessProbe pointed at the watchdog: 503 once the policy says the engine
+    must go, 200 again once it serves (docs/recovery.md has the trade-off)."""
+    sim = await sim_factory("--tokens-per-second", "30")
+    watch = await watch_factory(sim.url, "--action", "liveness", "--stall-seconds", "8")
+    await watch.next_state("idle", timeout=20)
+    assert (await get(watch.base + "/livez"))[0] == 200
+    async with StreamingLoad(sim.url, clients=3, max_tokens=60, model="sim-model") as load:
+        await load.wait_for(chunks=30, in_flight=2, timeout=30)
+        await sim_http.set_fault(sim, "freeze-last")
+        load.stop_new()
+        await watch.next_state("stalled", timeout=40)
+        await eventually(lambda: _status(watch.base + "/livez", 503), timeout=15, what="/livez 503")
+        await sim_http.set_fault(sim, "none")  # the engine steps again
+        await eventually(
+            lambda: _status(watch.base + "/livez", 200), timeout=30, what="/livez 200 again"
+        )
+
+
+async def _status(url: str, want: int) -> bool:
+    return (await get(url))[0] == want

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,7 @@ def scrape(t: float, *engines: Eng) -> ScrapeObs:
 
 
 def run(
-    obs: Sequence[Observation], **settings: float
+    obs: Sequence[Observation], **settings: Any
 ) -> tuple[Detector, list[tuple[float, str, str | None]]]:
     detector = Detector(DetectorSettings(**settings))
     seen = []
@@ -205,3 +206,15 @@ def test_a_gauge_carried_progress_signal_dropping_is_progress_not_a_restart() ->
     d.feed(s(1, 0.2))
     v = d.verdicts["0"]
     assert v.last_progress_t == T0 + 1 and "restarted" not in " ".join(v.evidence)
+
+
+def test_metrics_from_the_engine_loop_timing_out_is_a_stall() -> None:
+    """llama.cpp answers /metrics from its engine loop: /metrics timing out while /health says
+    200 means the loop hangs. Other engines: unreachable, never stalled."""
+    obs: list[Observation] = [scrape(0, Eng(running=1))]
+    for t in range(1, 40):
+        obs += [ScrapeObs(T0 + t, error="timeout"), HealthObs(T0 + t + 0.1, 200)]
+    _, seen = run(obs, stall_seconds=30, metrics_from_engine_loop=True)
+    assert first_stall(seen) == (31.0, "no-progress")
+    _, seen = run(obs, stall_seconds=30)
+    assert first_stall(seen) is None
