@@ -27,7 +27,7 @@ tools:
 	bash deploy/ensure-tools.sh
 
 test: lint tools
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -n 2 --dist loadgroup
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit

@@ -56,7 +56,7 @@ def warn_blind_spots(settings: WatchSettings, profile: EngineProfile) -> None:
             settings.url,
             profile.name,
         )
-    if settings.detector.stall_seconds <= profile.work_gauge_lag_s:
+    if settings.detector.stall_seconds <= profile.work_gauge_lag_s and not settings.probe.canary:
         log.warning(
             "%s: %s's work gauges can stay stale for %.0f s: keep --stall-seconds above that "
             "or the canary on",
@@ -77,6 +77,7 @@ class Watcher:
         gpu: GpuProbe | None = None,
     ) -> None:
         self.settings = settings
+        self.target = settings.url
         self.session = session
         self.clock = clock
         # "auto": judged as vLLM until the first answer of /metrics names the engine.
@@ -86,7 +87,6 @@ class Watcher:
         if not self.detecting:
             warn_blind_spots(settings, self.profile)
             self._adopt(self.profile)
-        self.target = settings.url
         self.timeline: deque[dict[str, Any]] = deque()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self.rounds = 0
@@ -173,6 +173,11 @@ class Watcher:
         if profile.metrics_in_engine_loop:
             d = self.detector.settings
             self.detector.settings = replace(d, metrics_from_engine_loop=True)
+        if profile.health_runs_generation and self.settings.probe.health:
+            # SGLang's /health runs a generation: polled every round it is a load of its own,
+            # and its 503 means "no output in time", not "dead". The canary covers it.
+            log.info("%s: %s's /health runs a generation: not polled", self.target, profile.name)
+            self.settings = replace(self.settings, probe=replace(self.settings.probe, health=False))
 
     def _detect(self, body: str, status: int) -> str | None:
         """Fix the engine profile from a /metrics answer; the reason when it cannot."""

@@ -27,7 +27,8 @@ import yaml
 
 from engine_watchdog.loadgen import StreamingLoad
 from engine_watchdog.sim.launcher import SimProcess
-from tests.deploy.tools import PROMETHEUS_DIR, eventually, free_port, process, tool, wait_http
+from tests.deploy.tools import PROMETHEUS_DIR, free_port, process, tool, wait_http
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)
 WATCHDOG = str(Path(sys.executable).with_name("engine-watchdog"))

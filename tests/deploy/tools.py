@@ -7,8 +7,6 @@ alertmanager from Debian's packages.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import re
 import shutil
 import socket
@@ -16,11 +14,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -81,23 +78,6 @@ def wait_http(url: str, proc: subprocess.Popen[bytes] | None, within_s: float) -
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{url} not ready within {within_s} s")
-
-
-async def eventually(
-    check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2
-) -> Any:
-    """Poll ``check`` (plain or async) until it returns something truthy; fail after
-    ``timeout`` seconds. Returns that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not true within {timeout} s (last: {result!r})")
-        await asyncio.sleep(interval)
 
 
 @contextmanager

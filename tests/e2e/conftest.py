@@ -34,8 +34,21 @@ def _wants_e2e(items: Sequence[pytest.Item]) -> bool:
     return any(item.get_closest_marker("e2e") is not None for item in items)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist, every e2e test runs in one worker, one module after the other (two
+    real vLLMs at once would starve each other on 2 cores), while the other tests run beside
+    them. That worker builds the vLLM venv on first use, so the first test may take long."""
+    for item in items:
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+            item.add_marker(pytest.mark.timeout(900))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Prepare the vLLM venv and model before the first test, if any e2e test will run."""
+    """Prepare the vLLM venv and model before the first test, if any e2e test will run (not
+    under xdist: there every worker collects every test, and only the e2e one needs it)."""
+    if hasattr(session.config, "workerinput"):
+        return
     if session.config.option.collectonly or not _wants_e2e(session.items):
         return
     started = time.monotonic()

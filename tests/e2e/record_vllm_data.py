@@ -17,7 +17,8 @@ from pathlib import Path
 
 import psutil
 
-from .load import StreamingLoad
+from engine_watchdog.loadgen import StreamingLoad
+
 from .vllm_env import REPO_ROOT, ensure_vllm_env
 from .vllm_server import (
     VllmServer,

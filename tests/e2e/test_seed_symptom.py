@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from .load import StreamingLoad
+from engine_watchdog.loadgen import StreamingLoad
+
 from .vllm_server import VllmServer, engine_core_stopped
 
 pytestmark = pytest.mark.e2e

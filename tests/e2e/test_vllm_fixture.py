@@ -9,7 +9,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from .load import StreamingLoad
+from engine_watchdog.loadgen import StreamingLoad
+
 from .vllm_server import SERVED_MODEL, VllmServer, engine_core_stopped, http_get, metric_sum, scrape
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,6 @@ scrape and parse /metrics, complete, stream, set faults, and poll with a deadlin
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -24,6 +23,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_watchdog.sim.launcher import SimProcess
+from tests.waiting import eventually
 
 T = TypeVar("T")
 SimFactory = Callable[..., Awaitable[SimProcess]]
@@ -142,26 +142,6 @@ def _request(chat: bool, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def _t(seconds: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=seconds)
-
-
-async def eventually(
-    check: Callable[[], Any],
-    timeout: float = 15.0,
-    interval: float = 0.05,
-    what: str = "condition",
-) -> Any:
-    """Poll ``check`` (plain or async) until it returns something truthy; fail after
-    ``timeout`` seconds. Returns that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not true within {timeout} s (last: {result!r})")
-        await asyncio.sleep(interval)
 
 
 async def steady(

@@ -5,7 +5,8 @@ from __future__ import annotations
 from engine_watchdog.loadgen import StreamingLoad
 from engine_watchdog.sim.launcher import SimProcess
 from tests.integration.cli_helpers import run_cli
-from tests.integration.conftest import SimFactory, SimHttp, eventually
+from tests.integration.conftest import SimFactory, SimHttp
+from tests.waiting import eventually
 
 STALL = "10"
 

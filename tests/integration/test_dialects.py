@@ -23,7 +23,8 @@ from engine_watchdog.model import State
 from engine_watchdog.sim.launcher import SimProcess
 from engine_watchdog.sim.settings import DIALECTS
 from engine_watchdog.watcher import Watcher
-from tests.integration.conftest import SimFactory, SimHttp, eventually
+from tests.integration.conftest import SimFactory, SimHttp
+from tests.waiting import eventually
 
 STALL_S = 8.0
 HEALTHY_S = STALL_S + 2.0  # longer than the stall window: a false stall would have shown

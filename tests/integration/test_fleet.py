@@ -16,9 +16,10 @@ import aiohttp
 from engine_watchdog.loadgen import StreamingLoad
 from engine_watchdog.sim.launcher import free_port
 from tests.integration.cli_helpers import run_cli
-from tests.integration.conftest import SimFactory, SimHttp, eventually
+from tests.integration.conftest import SimFactory, SimHttp
 from tests.integration.test_check_sim import fired
 from tests.integration.test_watch_sim import get, metric
+from tests.waiting import eventually
 
 
 async def test_fleet_check_one_line_each_a_summary_and_the_worst_exit_code(

@@ -13,7 +13,8 @@ from typing import Any
 from aiohttp import web
 
 from engine_watchdog.sim.launcher import free_port
-from tests.integration.conftest import SimFactory, SimHttp, eventually
+from tests.integration.conftest import SimFactory, SimHttp
+from tests.waiting import eventually
 
 
 async def fake_api() -> tuple[web.AppRunner, str, list[dict[str, Any]]]:

@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_watchdog.loadgen import StreamingLoad
 from engine_watchdog.sim.launcher import free_port
 from tests.integration.cli_helpers import run_cli
-from tests.integration.conftest import SimFactory, SimHttp, eventually
+from tests.integration.conftest import SimFactory, SimHttp
+from tests.waiting import eventually
 
 
 class WatchProcess:

@@ -18,20 +18,11 @@ from engine_watchdog.detector import Detector, DetectorSettings
 from engine_watchdog.engines import VLLM
 from engine_watchdog.model import CanaryObs, State, Transition, Verdict
 from engine_watchdog.replay import replay
+from engine_watchdog.report.metrics import STALL_CAUSES
 from engine_watchdog.trace import decode
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
-CAUSES = {
-    "stopped",
-    "gpu-spin",
-    "host-deadlock",
-    "host-busy",
-    "engine-dead",
-    "api-unresponsive",
-    "wedged-idle",
-    "admission-stall",
-    "no-progress",
-}
+CAUSES = set(STALL_CAUSES)
 """Every cause issue 3 defines: the corpus must make each one at least once."""
 MAX_TRACE_BYTES = 300 * 1024
 MAX_CORPUS_BYTES = 5 * 1024 * 1024
