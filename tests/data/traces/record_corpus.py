@@ -344,17 +344,21 @@ async def seed_freeze_last_metrics_only(s: Session) -> None:
     await s.observe(45.0)
 
 
-async def stopped_sim(s: Session) -> None:
-    sim, _ = await loaded_sim(s)
-    pids = sim.engine_pids()
+async def stop_then_resume(s: Session, pids: list[int], where: str, settle_s: float) -> None:
+    """SIGSTOP the engine cores for 40 s (SIGCONT also on failure), then watch them recover."""
     s.cleanup(lambda: asyncio.to_thread(signal_all, pids, signal.SIGCONT))
     signal_all(pids, signal.SIGSTOP)
-    s.mark(f"SIGSTOP of VLLM::EngineCore {pids}")
+    s.mark(f"SIGSTOP of VLLM::EngineCore {pids}{where}")
     await s.observe(40.0)
     signal_all(pids, signal.SIGCONT)
     s.note("SIGCONT")
     await s.until_state(State.PROGRESSING)
-    await s.observe(5.0)
+    await s.observe(settle_s)
+
+
+async def stopped_sim(s: Session) -> None:
+    sim, _ = await loaded_sim(s)
+    await stop_then_resume(s, sim.engine_pids(), "", settle_s=5.0)
 
 
 async def hang_then_clear(s: Session, fault: str, hold_s: float = 40.0) -> None:
@@ -647,15 +651,7 @@ async def vllm_healthy_load(s: Session) -> None:
 async def vllm_stopped(s: Session) -> None:
     server, _ = await vllm_loaded(s)
     await s.observe(15.0)
-    pids = server.engine_core_pids()
-    s.cleanup(lambda: asyncio.to_thread(signal_all, pids, signal.SIGCONT))
-    signal_all(pids, signal.SIGSTOP)
-    s.mark(f"SIGSTOP of VLLM::EngineCore {pids} under streaming load")
-    await s.observe(40.0)
-    signal_all(pids, signal.SIGCONT)
-    s.note("SIGCONT")
-    await s.until_state(State.PROGRESSING)
-    await s.observe(10.0)
+    await stop_then_resume(s, server.engine_core_pids(), " under streaming load", settle_s=10.0)
 
 
 async def vllm_deadlock(s: Session) -> None:
