@@ -7,9 +7,9 @@ and a verdict on a trace is reproducible bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from engine_watchdog.judging import DetectorSettings
+from engine_watchdog.judging import DetectorSettings, RestartWindow, Track, busy_state
 from engine_watchdog.judging import movement as _movement
 from engine_watchdog.model import (
     CanaryObs,
@@ -18,6 +18,7 @@ from engine_watchdog.model import (
     HealthObs,
     Observation,
     ProcsObs,
+    RestartObs,
     ScrapeObs,
     State,
     Transition,
@@ -31,33 +32,22 @@ TARGET = "-"
 """Pseudo-engine that carries the verdict before any rank has been seen."""
 
 
-@dataclass
-class _Track:
-    """What the detector remembers of one engine rank."""
-
-    verdict: Verdict
-    last: EngineSample | None = None
-    quiet_since: float | None = None
-    last_progress_t: float | None = None
-    wedged: bool = False
-    moved: bool = False
-    """The last sample moved a progress signal."""
-    note: str | None = None
-
-
 class Detector:
     """One detector per target (engine server); judges every data-parallel rank on its own."""
 
     def __init__(self, settings: DetectorSettings | None = None) -> None:
         self.settings = settings or DetectorSettings()
         self.signals = Signals()
-        self._tracks: dict[str, _Track] = {TARGET: _Track(Verdict(0.0, TARGET, State.STARTING))}
+        self._tracks: dict[str, Track] = {TARGET: Track(Verdict(0.0, TARGET, State.STARTING))}
         self._first_good_t: float | None = None
         self._last_t: float | None = None
         self._unreachable_since: float | None = None
+        self._last_answer_t: float | None = None
+        """When the last good scrape ended (its start plus how long it took)."""
         self._reachable_since: float | None = None
         self._health_timeout_since: float | None = None
         self._dead: str | None = None
+        self._restart = RestartWindow()
 
     @property
     def verdicts(self) -> dict[str, Verdict]:
@@ -73,6 +63,8 @@ class Detector:
             return self._on_scrape_error(obs) if obs.error else self._on_scrape(obs)
         if isinstance(obs, HealthObs):
             return self._on_health(obs)
+        if isinstance(obs, RestartObs):
+            return self._on_restart(obs)
         if isinstance(obs, CanaryObs):
             self._on_canary(obs)
         if isinstance(obs, ProcsObs | GpuObs | CanaryObs):
@@ -106,17 +98,22 @@ class Detector:
         reconnected = self._unreachable_since is not None
         if reconnected or self._reachable_since is None:
             self._reachable_since = obs.t
+        if self._restart.since is not None:
+            if self._restarting(obs.t) and not self._restart.new_engine(obs, self._tracks):
+                return self._old_engine_answers(obs)
+            self._restart.since, self._first_good_t = None, obs.t  # its own start-up grace
         self._unreachable_since = None
+        self._last_answer_t = obs.t + (obs.elapsed_s or 0.0)
         changes = []
         for sample in obs.engines:
             track = self._tracks.setdefault(
-                sample.engine, _Track(Verdict(obs.t, sample.engine, State.STARTING))
+                sample.engine, Track(Verdict(obs.t, sample.engine, State.STARTING))
             )
             self._update(track, sample, obs.t, reconnected)
             changes += self._evaluate(track, obs.t)
         return changes
 
-    def _update(self, track: _Track, s: EngineSample, t: float, reconnected: bool) -> None:
+    def _update(self, track: Track, s: EngineSample, t: float, reconnected: bool) -> None:
         """Fold a new sample into the rank's memory: movement, restarts, the quiet clock."""
         moved, reset = _movement(track.last, s)
         track.last, track.moved = s, moved
@@ -138,6 +135,9 @@ class Detector:
         if self._first_good_t is None:
             track = self._tracks[TARGET]
             return self._set(track, obs.t, State.STARTING, obs.error, note=obs.detail)
+        if self._restarting(obs.t):
+            self._restart.gap = True
+            return self._set_restarting(obs.t, obs.detail)
         state, cause = State.UNREACHABLE, obs.error
         if self._dead is not None or self._engine_gone():
             state, cause = State.STALLED, "engine-dead"
@@ -160,18 +160,20 @@ class Detector:
 
     def _engine_loop_silent(self, obs: ScrapeObs) -> bool:
         """/metrics answered by the engine's own loop (llama.cpp) timing out for the whole stall
-        window: the loop is hung, whatever /health says."""
+        window: the loop is hung, whatever /health says. The loop last answered at the end of
+        the last good scrape; this one proves it silent until its own timeout."""
         if not self.settings.metrics_from_engine_loop or obs.error != "timeout":
             return False
         assert self._unreachable_since is not None
-        return obs.t - self._unreachable_since >= self.settings.stall_seconds
+        since = self._last_answer_t if self._last_answer_t is not None else self._unreachable_since
+        return obs.t + (obs.elapsed_s or 0.0) - since >= self.settings.stall_seconds
 
     def _on_health(self, obs: HealthObs) -> list[Transition]:
         if obs.error == "timeout":
             self._health_timeout_since = self._health_timeout_since or obs.t
         else:
             self._health_timeout_since = None
-        if obs.status == 503 and self._first_good_t is not None:
+        if obs.status == 503 and self._first_good_t is not None and not self._restarting(obs.t):
             # vLLM answers 503 only once the engine core is known dead (FACTS.md).
             self._dead = "/health answered 503"
             return self._reevaluate(obs.t, force=True)
@@ -184,6 +186,33 @@ class Detector:
                 track.note = "/health is 200 again: a new engine"
             return self._reevaluate(obs.t)
         return []
+
+    def _on_restart(self, obs: RestartObs) -> list[Transition]:
+        """Nothing of the ended engine counts against the next one: not its death (we caused
+        it), nor its processes, canaries or quiet clocks."""
+        self._restart = RestartWindow(since=obs.t)
+        self._dead, self._health_timeout_since = None, None
+        self.signals = Signals()
+        for track in self._tracks.values():
+            track.quiet_since, track.wedged, track.moved = None, False, False
+        return self._set_restarting(obs.t, obs.detail or None)
+
+    def _old_engine_answers(self, obs: ScrapeObs) -> list[Transition]:
+        """The ended engine's API server may serve its last values for a few seconds more."""
+        for sample in obs.engines:
+            if (track := self._tracks.get(sample.engine)) is not None:
+                track.last = sample
+        return self._set_restarting(obs.t, None)
+
+    def _restarting(self, t: float) -> bool:
+        return self._restart.active(t, self.settings.restart_grace_seconds)
+
+    def _set_restarting(self, t: float, note: str | None) -> list[Transition]:
+        return [
+            c
+            for track in self._tracks.values()
+            for c in self._set(track, t, State.STARTING, "restarting", note=note)
+        ]
 
     def _on_canary(self, obs: CanaryObs) -> None:
         tracks = [k for k in self._tracks.values() if k.last is not None]
@@ -208,7 +237,7 @@ class Detector:
 
     def _reevaluate(self, t: float, force: bool = False) -> list[Transition]:
         if self._unreachable_since is not None and not force:
-            if self._first_good_t is None or not self._engine_gone():
+            if self._first_good_t is None or self._restarting(t) or not self._engine_gone():
                 return []  # the last scrape failed: its verdict stands until the next one
             return [c for k in self._tracks.values() for c in self._set_dead(k, t)]
         changes = []
@@ -217,7 +246,7 @@ class Detector:
                 changes += self._evaluate(track, t)
         return changes
 
-    def _evaluate(self, track: _Track, t: float) -> list[Transition]:
+    def _evaluate(self, track: Track, t: float) -> list[Transition]:
         assert track.last is not None and self._first_good_t is not None
         s = track.last
         if self._dead or self._engine_gone():
@@ -232,7 +261,10 @@ class Detector:
         if self.signals.gpu_computing():
             track.quiet_since = t  # "the GPU computes" is a sign of life (long prefill)
         flat = t - track.quiet_since
-        state, cause, note = self._busy_state(s, track.quiet_since, t)
+        assert self._first_good_t is not None
+        state, cause, note = busy_state(
+            self.settings, self.signals, s, (track.quiet_since, t), self._first_good_t
+        )
         return self._set(track, t, state, cause, flat, note)
 
     def _gone_since(self) -> float:
@@ -244,34 +276,14 @@ class Detector:
     def _engine_gone(self) -> bool:
         return self.signals.engine_gone(self._gone_since()) is not None
 
-    def _set_dead(self, track: _Track, t: float) -> list[Transition]:
+    def _set_dead(self, track: Track, t: float) -> list[Transition]:
         gone = self.signals.engine_gone(self._gone_since())
         note = self._dead or (gone.evidence if gone else None)
         return self._set(track, t, State.STALLED, "engine-dead", note=note)
 
-    def _busy_state(
-        self, s: EngineSample, since: float, t: float
-    ) -> tuple[State, str | None, str | None]:
-        assert self._first_good_t is not None
-        cfg, flat = self.settings, t - since
-        graced = t - self._first_good_t >= cfg.startup_grace_seconds
-        strong = self.signals.strong(since, t) if flat >= cfg.fast_stall_seconds else None
-        if graced and (flat >= cfg.stall_seconds or strong):
-            finding = self.signals.cause(since, t)
-            note = finding.evidence if finding else None
-            if finding and finding.cause in ("stopped", "gpu-spin"):
-                return State.STALLED, finding.cause, note
-            if (s.running or 0) == 0 and (s.waiting or 0) > 0:
-                # Nothing runs, so the engine's CPU is idle too: the admission is the symptom.
-                return State.STALLED, "admission-stall", note
-            return State.STALLED, finding.cause if finding else "no-progress", note
-        if flat >= cfg.suspect_seconds:
-            return State.SUSPECT, "no-progress", None
-        return State.PROGRESSING, None, None
-
     def _set(
         self,
-        track: _Track,
+        track: Track,
         t: float,
         state: State,
         cause: str | None,

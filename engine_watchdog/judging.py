@@ -1,10 +1,13 @@
-"""The detector's settings and its reading of progress between two samples (pure)."""
+"""The detector's settings, its memory of a rank, and its reading of progress and of a quiet
+spell (pure functions)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine_watchdog.model import EngineSample
+from engine_watchdog.model import EngineSample, ScrapeObs, State, Verdict
+from engine_watchdog.signals import Signals
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,9 @@ class DetectorSettings:
     """Ask for a canary once progress has been flat this long with work present."""
     idle_canary_seconds: float = 60.0
     """Ask for a canary this often while the engine looks idle (a wedged idle engine looks idle)."""
+    restart_grace_seconds: float = 300.0
+    """After the watchdog restarted the engine: how long it is "starting" (not dead) until it
+    answers /metrics again. Past this the usual judgement resumes: engine-dead."""
     metrics_from_engine_loop: bool = False
     """The engine's /metrics is answered by its engine loop (llama.cpp's server): /metrics timing
     out for the stall window is then a stall, not an unreachable server."""
@@ -45,3 +51,64 @@ def movement(prev: EngineSample | None, cur: EngineSample) -> tuple[bool, bool]:
     if cur.kv_usage is not None and prev.kv_usage is not None and cur.kv_usage != prev.kv_usage:
         moved = True
     return moved, reset
+
+
+@dataclass
+class Track:
+    """What the detector remembers of one engine rank."""
+
+    verdict: Verdict
+    last: EngineSample | None = None
+    quiet_since: float | None = None
+    last_progress_t: float | None = None
+    wedged: bool = False
+    moved: bool = False
+    """The last sample moved a progress signal."""
+    note: str | None = None
+
+
+def busy_state(
+    cfg: DetectorSettings,
+    signals: Signals,
+    s: EngineSample,
+    quiet: tuple[float, float],
+    first_good_t: float,
+) -> tuple[State, str | None, str | None]:
+    """(state, cause, note) of a rank with work and no progress over ``quiet`` (since, now)."""
+    since, t = quiet
+    flat = t - since
+    graced = t - first_good_t >= cfg.startup_grace_seconds
+    strong = signals.strong(since, t) if flat >= cfg.fast_stall_seconds else None
+    if graced and (flat >= cfg.stall_seconds or strong):
+        finding = signals.cause(since, t)
+        note = finding.evidence if finding else None
+        if finding and finding.cause in ("stopped", "gpu-spin"):
+            return State.STALLED, finding.cause, note
+        if (s.running or 0) == 0 and (s.waiting or 0) > 0:
+            # Nothing runs, so the engine's CPU is idle too: the admission is the symptom.
+            return State.STALLED, "admission-stall", note
+        return State.STALLED, finding.cause if finding else "no-progress", note
+    if flat >= cfg.suspect_seconds:
+        return State.SUSPECT, "no-progress", None
+    return State.PROGRESSING, None, None
+
+
+@dataclass
+class RestartWindow:
+    """A restart the watchdog made, from the moment it ended the engine until the next engine
+    answers /metrics (or the grace ends)."""
+
+    since: float | None = None
+    gap: bool = False
+    """/metrics failed since the restart: whatever answers next is the new engine."""
+
+    def active(self, t: float, grace_s: float) -> bool:
+        return self.since is not None and t - self.since < grace_s
+
+    def new_engine(self, obs: ScrapeObs, tracks: Mapping[str, Track]) -> bool:
+        """The answer comes from the engine that started after the restart: the old server went
+        away since, or the counters began again."""
+        if self.gap:
+            return True
+        pairs = ((tracks.get(s.engine), s) for s in obs.engines)
+        return any(k is not None and movement(k.last, s)[1] for k, s in pairs)

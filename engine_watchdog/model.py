@@ -125,7 +125,16 @@ class CanaryObs:
         return self.ok or not (self.error or "").startswith("unusable")
 
 
-Observation = ScrapeObs | HealthObs | ProcsObs | GpuObs | CanaryObs
+@dataclass(frozen=True)
+class RestartObs:
+    """The watchdog itself ended the engine so that it starts again: what follows is a
+    start-up, not a death."""
+
+    t: float
+    detail: str = ""
+
+
+Observation = ScrapeObs | HealthObs | ProcsObs | GpuObs | CanaryObs | RestartObs
 
 
 @dataclass(frozen=True)

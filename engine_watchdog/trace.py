@@ -26,6 +26,7 @@ from engine_watchdog.model import (
     Observation,
     ProcInfo,
     ProcsObs,
+    RestartObs,
 )
 from engine_watchdog.probes.metrics import RawScrape, parse_scrape
 
@@ -39,6 +40,8 @@ def encode_scrape(raw: RawScrape) -> dict[str, Any]:
         rec["error"] = raw.error
         if raw.detail:
             rec["detail"] = raw.detail
+        if raw.elapsed_s is not None:
+            rec["elapsed_s"] = raw.elapsed_s
         return rec
     rec.update(status=raw.status, elapsed_s=raw.elapsed_s, body=raw.body)
     return rec
@@ -72,9 +75,11 @@ def encode_procs(obs: ProcsObs) -> dict[str, Any]:
     return {"v": VERSION, "t": obs.t, "kind": "procs", "procs": [asdict(p) for p in obs.procs]}
 
 
-def encode(obs: HealthObs | CanaryObs | GpuObs | ProcsObs) -> dict[str, Any]:
+def encode(obs: HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs) -> dict[str, Any]:
     if isinstance(obs, HealthObs):
         return encode_health(obs)
+    if isinstance(obs, RestartObs):
+        return {"v": VERSION, "t": obs.t, "kind": "restart", "detail": obs.detail}
     if isinstance(obs, CanaryObs):
         return encode_canary(obs)
     if isinstance(obs, GpuObs):
@@ -113,6 +118,8 @@ def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
         return GpuObs(t, tuple(_gpu(g) for g in rec["gpus"]))
     if kind == "procs":
         return ProcsObs(t, tuple(_proc(p) for p in rec["procs"]))
+    if kind == "restart":
+        return RestartObs(t, _str(rec.get("detail")) or "")
     return None
 
 

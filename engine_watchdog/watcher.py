@@ -26,6 +26,7 @@ from engine_watchdog.model import (
     HealthObs,
     Observation,
     ProcsObs,
+    RestartObs,
     ScrapeObs,
     Transition,
     Verdict,
@@ -97,6 +98,7 @@ class Watcher:
             session, self.target, self.profile, settings.probe.canary_timeout_s, clock
         )
         self._canary_task: asyncio.Task[CanaryObs] | None = None
+        self._noted: list[Observation] = []
         pids = settings.probe.pids
         self.procs = ProcsProbe(None if pids else self.target, pids, self.profile, clock=clock)
         self.gpu = (
@@ -114,13 +116,21 @@ class Watcher:
         """One probe round: every probe concurrently, then judge in time order."""
         probed = [o for o in await asyncio.gather(*self._probes()) if o is not None]
         changes: list[Transition] = []
-        for obs in sorted([*self._canary_result(), *probed], key=lambda o: o.t):
+        noted, self._noted = self._noted, []
+        for obs in sorted([*noted, *self._canary_result(), *probed], key=lambda o: o.t):
             changes += self.detector.feed(obs)
             self._fed_t = max(self._fed_t, obs.t)
         self._publish()
         self._maybe_send_canary()
         self.rounds += 1
         return changes
+
+    def note_restart(self, detail: str) -> None:
+        """The watchdog just ended the engine so that it restarts; judged with the next round
+        (so its transitions reach the reporters like any other), and recorded in the trace."""
+        obs = RestartObs(max(self.clock(), self._fed_t), detail)
+        self._noted.append(obs)
+        self._remember(encode(obs))
 
     def close(self) -> None:
         if self._canary_task is not None:
@@ -173,10 +183,11 @@ class Watcher:
         if profile.metrics_in_engine_loop:
             d = self.detector.settings
             self.detector.settings = replace(d, metrics_from_engine_loop=True)
-        if profile.health_runs_generation and self.settings.probe.health:
-            # SGLang's /health runs a generation: polled every round it is a load of its own,
-            # and its 503 means "no output in time", not "dead". The canary covers it.
-            log.info("%s: %s's /health runs a generation: not polled", self.target, profile.name)
+        if profile.health_waits_on_engine and self.settings.probe.health:
+            # SGLang's /health runs a generation, TGI's asks every shard: polled every round it
+            # is a load of its own, holds the round while the engine hangs, and its failure
+            # means "hung or dead", not "dead". The canary covers it.
+            log.info("%s: %s's /health waits on the engine: not polled", self.target, profile.name)
             self.settings = replace(self.settings, probe=replace(self.settings.probe, health=False))
 
     def _detect(self, body: str, status: int) -> str | None:

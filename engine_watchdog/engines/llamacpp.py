@@ -8,6 +8,9 @@ Sources (ggml-org/llama.cpp):
   release, on_prompt_eval when a prompt is processed, on_decoded per llama_decode)
 - O: older examples/server/server.cpp (2024) also exported kv_cache_usage_ratio; current
   builds do not (R lists no KV gauge).
+
+Current builds stop waiting for the loop when the server sleeps on idle and answer with cached
+metrics (C); in router mode /metrics needs ``?model=`` (R: 400 without it).
 """
 
 from engine_watchdog.engines.profile import EngineProfile
@@ -27,6 +30,8 @@ LLAMACPP = EngineProfile(
     health_path="/health",
     abort_paths=(),  # no abort endpoint: closing the connection cancels the task
     process_cmdline_markers=("llama-server",),
+    # One process is the HTTP server and the engine: ending it is the engine's restart.
+    cmdline_roles=(("llama-server", "engine-core"),),
     metrics_in_engine_loop=True,  # C
     enable_hint="start llama-server with --metrics (without it /metrics answers 501)",
     blind_spots=(

@@ -92,9 +92,10 @@ class EngineProfile:
     """/metrics is answered by the engine's own loop (llama.cpp): when the loop hangs /metrics
     times out while /health still answers 200, so that pair means a stall, not an outage."""
 
-    health_runs_generation: bool = False
-    """/health runs a one-token generation (SGLang's default): it can take its full timeout, and
-    a 503 means "no output for that long" (hung or dead), not only "dead"."""
+    health_waits_on_engine: bool = False
+    """/health waits on the engine itself (SGLang: a one-token generation; TGI: every shard over
+    gRPC): it takes as long as the engine does and hangs or fails with it, so it says "hung or
+    dead", not only "dead", and polled every round it would hold each round for its timeout."""
 
     abort_all: tuple[str, str] | None = None
     """(path, JSON body) of a POST that aborts every in-flight request, where the engine has one

@@ -18,7 +18,8 @@ from engine_watchdog.engines.profile import EngineProfile
 SGLANG = EngineProfile(
     name="sglang",
     series_prefix="sglang:",
-    # S: scheduler labels are model_name, engine_type, tp_rank, pp_rank and, with DP, dp_rank.
+    # S: scheduler labels are model_name, engine_type, tp_rank, pp_rank, (current) moe_ep_rank
+    # and, with DP, dp_rank.
     # Tokenizer-side series carry no rank label and land in rank "0".
     engine_label="dp_rank",
     # M/S: gauges written by log_prefill_stats (each prefill batch) and log_decode_stats (every
@@ -45,9 +46,13 @@ SGLANG = EngineProfile(
     },
     health_path="/health",
     abort_paths=("/abort_request",),
-    abort_all=("/abort_request", '{"abort_all": true}'),  # H + io_struct.AbortReq(abort_all)
-    # P: sglang::scheduler (_TP{n}, _DP{d}_TP{n} suffixes), sglang::detokenizer,
-    # sglang::data_parallel_controller; the HTTP server keeps its command line.
+    # H + io_struct.AbortReq(abort_all). Older builds pass only rid: there abort_all is a no-op
+    # (answered 200), the stall persists and the ladder moves on to the restart.
+    abort_all=("/abort_request", '{"abort_all": true}'),
+    # P: sglang::scheduler plus a suffix that changed over releases (older _TP{n} and
+    # _DP{d}_TP{n}; current _DP{d}_PP{p}_TP{t}_EP{e}, parts only where > 1), so matched as a
+    # prefix; sglang::detokenizer, sglang::data_parallel_controller. The HTTP server keeps its
+    # command line.
     process_titles=("sglang::scheduler", "sglang::data_parallel_controller", "sglang::detokenizer"),
     process_cmdline_markers=("sglang.launch_server",),
     title_roles=(
@@ -56,7 +61,7 @@ SGLANG = EngineProfile(
         ("detokenizer", "other"),
     ),
     work_gauge_lag_s=30.0,  # R: "During idle time, also collect metrics every 30 seconds."
-    health_runs_generation=True,  # H: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, 20 s timeout
+    health_waits_on_engine=True,  # H: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, 20 s timeout
     enable_hint="start SGLang with --enable-metrics",
     blind_spots=(
         "generation_tokens_total, prompt_tokens_total and num_requests_total move only when a "

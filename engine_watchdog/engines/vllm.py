@@ -1,7 +1,8 @@
 """vLLM (V1 engine, 0.1x-0.33) profile.
 
-Names from vllm/v1/metrics/loggers.py (PrometheusStatLogger) and FACTS.md; process titles from
-vllm's use of setproctitle (``VLLM::EngineCore``, ``VLLM::Worker``...).
+Names from vllm/v1/metrics/loggers.py (PrometheusStatLogger) and FACTS.md, the MFU counter from
+vllm/v1/metrics/perf.py (PerfMetricsProm); process titles from vllm's use of setproctitle
+(``VLLM::EngineCore``, ``VLLM::Worker``...).
 """
 
 from engine_watchdog.engines.profile import EngineProfile
@@ -24,7 +25,8 @@ VLLM = EngineProfile(
         "preemptions": ("vllm:num_preemptions_total",),
         "spec_decode_accepted": ("vllm:spec_decode_num_accepted_tokens_total",),
         "spec_decode_drafted": ("vllm:spec_decode_num_draft_tokens_total",),
-        # Moves on every executed step, prefill chunks included (--enable-mfu-metrics only).
+        # perf.py PerfMetricsProm: moves on every executed step, prefill chunks included
+        # (only when MFU metrics are on: --enable-mfu-metrics).
         "estimated_flops": ("vllm:estimated_flops_per_gpu_total",),
     },
     sleep_gauge="vllm:engine_sleep_state",

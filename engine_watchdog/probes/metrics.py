@@ -69,14 +69,17 @@ async def scrape(
         return RawScrape(t, error="too-large", detail=f"{url}: {exc}; raise --max-scrape-bytes")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         code = error_code(exc)
-        return RawScrape(t, error=code, detail=f"{url}: {code} ({exc or type(exc).__name__})")
+        detail = f"{url}: {code} ({exc or type(exc).__name__})"
+        # How long it went unanswered is evidence too (an engine loop that answers /metrics).
+        return RawScrape(t, error=code, detail=detail, elapsed_s=time.monotonic() - started)
     return RawScrape(t, status=status, body=body, elapsed_s=time.monotonic() - started)
 
 
 def parse_scrape(raw: RawScrape, profile: EngineProfile) -> ScrapeObs:
     """Turn a raw scrape into per-rank samples. Pure: same input, same output."""
     if raw.error is not None or raw.body is None:
-        return ScrapeObs(raw.t, error=raw.error or "no-body", detail=raw.detail)
+        error = raw.error or "no-body"
+        return ScrapeObs(raw.t, error=error, detail=raw.detail, elapsed_s=raw.elapsed_s)
     if raw.status != 200:
         detail = f"/metrics answered HTTP {raw.status}"
         return ScrapeObs(raw.t, error=f"http-{raw.status}", detail=detail, status=raw.status)

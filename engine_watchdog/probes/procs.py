@@ -1,8 +1,10 @@
 """Processes probe: find an engine's processes and read their state and CPU time.
 
 Discovery starts from the server's listening port (the API server) and adds its descendants
-(engine cores, workers) and orphaned title-matched engine processes (an engine core whose API
-server died is still ours; one with a live parent belongs to that parent's engine). Where no
+(engine cores, workers), the other children of the engine's own launcher where it starts the
+API server and the engine side by side (TGI), and orphaned title-matched engine processes (an
+engine core whose API server died is still ours; one with a live parent belongs to that
+parent's engine). Where no
 socket at all is visible (another network namespace) every title match is taken; where sockets
 are visible but none on the port, nothing is (a wrong URL must not capture another engine).
 Explicit PIDs (``--pid``) replace the port and bring their descendants.
@@ -140,7 +142,7 @@ def select_pids(
         return Discovery((), notes=(f"no visible process listens on port {port}",))
     # Several API servers share one socket: keep the topmost holders as roots.
     roots = {p for p in listening if not set(_ancestors(p, procs)) & listening}
-    members = _descendants(roots, children)
+    members = _descendants(roots | _launched_with(roots, procs, children, profile), children)
     for p in procs.values():
         if p.pid in members or not title_of(p.cmdline).startswith(profile.process_titles):
             continue
@@ -151,6 +153,27 @@ def select_pids(
     notes = () if listening or port is None else ("no listening sockets visible: used titles",)
     ordered = _ordered(members, procs, profile, frozenset(listening))
     return Discovery(ordered, frozenset(listening), notes)
+
+
+def _launched_with(
+    roots: Iterable[int],
+    procs: Mapping[int, RawProc],
+    children: Mapping[int, list[int]],
+    profile: EngineProfile,
+) -> set[int]:
+    """Siblings of the API server started by the engine's own launcher (TGI's launcher starts
+    the router and the shards side by side): the launcher's other children. The launcher
+    itself stays out: it is a supervisor, not part of the engine a restart may kill."""
+    if not profile.launcher_cmdline_markers:
+        return set()
+    out: set[int] = set()
+    for root in roots:
+        for pid in _ancestors(root, procs):
+            raw = procs.get(pid)
+            if raw and any(m in title_of(raw.cmdline) for m in profile.launcher_cmdline_markers):
+                out.update(children.get(pid, ()))
+                break
+    return out
 
 
 def _ordered(

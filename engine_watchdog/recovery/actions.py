@@ -18,7 +18,11 @@ from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
 from engine_watchdog.model import Outcome, ProcInfo, Verdict
 from engine_watchdog.probes.procs import sample_procs_async
 from engine_watchdog.recovery.abort import abort_requests
-from engine_watchdog.recovery.restart import kill_engine_core, run_restart_command
+from engine_watchdog.recovery.restart import (
+    RestartOutcome,
+    kill_engine_core,
+    run_restart_command,
+)
 from engine_watchdog.watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -101,14 +105,17 @@ class EngineActions:
         return Outcome(done.result, done.detail)
 
     async def restart(self, stalled_since: float) -> Outcome:
+        done: Outcome | RestartOutcome
         if self.restarter is not None:
-            return await self.restarter(stalled_since)
-        if self.settings.restart_command:
+            done = await self.restarter(stalled_since)
+        elif self.settings.restart_command:
             done = await run_restart_command(
                 self.settings.restart_command, self.settings.restart_timeout_s
             )
         else:
             done = await asyncio.to_thread(kill_engine_core, await self._procs(), stalled_since)
+        if done.result == "ok":  # what follows is a start-up we caused, not a death
+            self.watcher.note_restart(f"restarted by the watchdog: {done.detail}")
         return Outcome(done.result, done.detail)
 
     async def paused(self) -> bool:

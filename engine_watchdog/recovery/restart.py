@@ -45,7 +45,11 @@ def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Restart
     """SIGKILL every engine-core process (blocking; call it through asyncio.to_thread)."""
     cores = [p for p in procs if p.role == "engine-core" and p.state not in ("gone", "zombie")]
     if not cores:
-        return RestartOutcome("skipped", "no live engine-core process: the engine already ended")
+        return RestartOutcome(
+            "skipped",
+            "no live engine-core process: the engine already ended, or its processes are not "
+            "visible here (pass --pid, or give --restart-command)",
+        )
     killed, failed = [], []
     for p in cores:
         proc = _same_process(p, stalled_since)

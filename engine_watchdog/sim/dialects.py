@@ -6,9 +6,10 @@ them: SGLang's token counters only when a request finishes and its gauges every 
 batches; TGI's series only once touched; TensorRT-LLM's iteration gauges only when a request
 completes. Sources are cited in engine_watchdog/engines/<engine>.py.
 
-Known gaps, kept on purpose (the HTTP layer is the vLLM simulator's): trtllm is served at
-/metrics, not /prometheus/metrics, and llama.cpp's /metrics keeps answering (with frozen values)
-while the engine is frozen, where the real llama-server's would block.
+Where each engine serves them is part of the dialect too: trtllm-serve's Prometheus text is at
+/prometheus/metrics with a JSON list of iteration stats at /metrics (``METRICS_PATH``,
+``iteration_stats``), and llama-server computes /metrics on its engine loop, so it blocks while
+the loop hangs (``METRICS_ON_ENGINE_LOOP``). The rest of the HTTP API stays vLLM's.
 """
 
 from __future__ import annotations
@@ -18,93 +19,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import ClassVar
 
+from engine_watchdog.sim.dialect_base import Dialect, Labels, families
 from engine_watchdog.sim.metrics import IterationStats
 from engine_watchdog.sim.protocol import SchedulerStats
 from engine_watchdog.sim.settings import SimSettings
-
-Labels = tuple[tuple[str, str], ...]
-
-
-def _line(name: str, labels: Labels, value: float) -> str:
-    text = ",".join(f'{k}="{v}"' for k, v in labels)
-    return f"{name}{{{text}}} {float(value)}" if text else f"{name} {float(value)}"
-
-
-def _families(table: str) -> dict[str, tuple[str, str]]:
-    """``name type help...`` lines -> {name: (type, help)}, in order."""
-    rows = (line.split(maxsplit=2) for line in table.strip().splitlines())
-    return {name: (kind, doc) for name, kind, doc in rows}
-
-
-class Dialect:
-    """Series kept as plain numbers and rendered as Prometheus text on each scrape."""
-
-    FAMILIES: ClassVar[dict[str, tuple[str, str]]] = {}
-    """Sample name (counters with their ``_total``) -> (type, help), in exposition order."""
-    STRIP_TOTAL: ClassVar[bool] = True
-    """prometheus_client writes a counter's TYPE line without ``_total``; Rust and C++ don't."""
-
-    def __init__(self, settings: SimSettings, clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings = settings
-        self.clock = clock
-        self.values: dict[tuple[str, Labels], float] = {}
-        self.hists: dict[tuple[str, Labels], list[float]] = {}
-        self.latest: dict[int, SchedulerStats] = {}
-        self._last_step: dict[int, float] = {}
-
-    def record(self, rank: int, stats: SchedulerStats, it: IterationStats | None) -> None:
-        """One engine step of one rank (the vLLM simulator calls this per output batch)."""
-        now = self.clock()
-        interval = now - self._last_step.get(rank, now)
-        self._last_step[rank] = now
-        self.step(rank, stats, it, interval)
-        self.latest[rank] = stats
-
-    def step(
-        self, rank: int, stats: SchedulerStats, it: IterationStats | None, interval: float
-    ) -> None:
-        raise NotImplementedError
-
-    def refresh(self) -> None:
-        """Hook run before each render (gauges computed at scrape time)."""
-
-    def inc(self, name: str, labels: Labels = (), by: float = 1.0) -> None:
-        self.values[(name, labels)] = self.values.get((name, labels), 0.0) + by
-
-    def set(self, name: str, labels: Labels, value: float) -> None:
-        self.values[(name, labels)] = value
-
-    def observe(self, name: str, labels: Labels, count: float, total: float) -> None:
-        hist = self.hists.setdefault((name, labels), [0.0, 0.0])
-        hist[0] += count
-        hist[1] += total
-
-    def total(self, field: str) -> float:
-        """A SchedulerStats field summed over the ranks' latest steps."""
-        return float(sum(getattr(s, field) for s in self.latest.values()))
-
-    def exposition(self) -> bytes:
-        if self.settings.disable_log_stats:
-            return b""  # the engine's metrics switched off (--enable-metrics absent, ...)
-        self.refresh()
-        lines: list[str] = []
-        for name, (kind, doc) in self.FAMILIES.items():
-            samples = self._samples(name, kind)
-            if samples:
-                strip = self.STRIP_TOTAL and kind == "counter"
-                family = name.removesuffix("_total") if strip else name
-                lines += [f"# HELP {family} {doc}", f"# TYPE {family} {kind}", *samples]
-        return ("\n".join(lines) + "\n").encode() if lines else b""
-
-    def _samples(self, name: str, kind: str) -> list[str]:
-        if kind != "histogram":
-            return [_line(n, lab, v) for (n, lab), v in sorted(self.values.items()) if n == name]
-        out: list[str] = []
-        for (n, lab), (count, total) in sorted(self.hists.items()):
-            if n == name:
-                out.append(_line(f"{name}_bucket", (*lab, ("le", "+Inf")), count))
-                out += [_line(f"{name}_count", lab, count), _line(f"{name}_sum", lab, total)]
-        return out
 
 
 def _split(it: IterationStats | None) -> tuple[int, int]:
@@ -118,7 +36,7 @@ def _split(it: IterationStats | None) -> tuple[int, int]:
 class SGLang(Dialect):
     """sgl-project/sglang: python/sglang/srt/metrics/collector.py and the scheduler mixins."""
 
-    FAMILIES = _families("""
+    FAMILIES = families("""
         sglang:num_running_reqs gauge The number of running requests.
         sglang:num_queue_reqs gauge The number of requests in the waiting queue.
         sglang:token_usage gauge The token usage.
@@ -208,7 +126,7 @@ class SGLang(Dialect):
 class TGI(Dialect):
     """huggingface/text-generation-inference: backends/v3/src/{backend,queue}.rs."""
 
-    FAMILIES = _families("""
+    FAMILIES = families("""
         tgi_batch_current_size gauge Current batch size
         tgi_queue_size gauge Current queue size
         tgi_batch_inference_count counter Inference calls per method (prefill or decode)
@@ -242,7 +160,7 @@ class TGI(Dialect):
 class LlamaCpp(Dialect):
     """ggml-org/llama.cpp: tools/server (server_metrics, the /metrics handler, README)."""
 
-    FAMILIES = _families("""
+    FAMILIES = families("""
         llamacpp:prompt_tokens_total counter Number of prompt tokens processed.
         llamacpp:prompt_seconds_total counter Prompt process time in seconds.
         llamacpp:tokens_predicted_total counter Number of generation tokens processed.
@@ -256,6 +174,9 @@ class LlamaCpp(Dialect):
         llamacpp:n_busy_slots_per_decode gauge Average number of busy slots per llama_decode().
         """)
     STRIP_TOTAL = False
+    # server-context.cpp: the /metrics handler posts SERVER_TASK_TYPE_METRICS to the server's
+    # task queue and waits for the loop's answer.
+    METRICS_ON_ENGINE_LOOP = True
 
     COUNTS: ClassVar[dict[str, tuple[str, str]]] = {
         "prompt": ("llamacpp:prompt_tokens_total", "llamacpp:prompt_seconds_total"),
@@ -308,7 +229,7 @@ class LlamaCpp(Dialect):
 class TrtLlm(Dialect):
     """NVIDIA/TensorRT-LLM: tensorrt_llm/metrics/collector.py, tensorrt_llm/serve/."""
 
-    FAMILIES = _families("""
+    FAMILIES = families("""
         trtllm_request_success_total counter Count of successfully processed requests.
         trtllm_e2e_request_latency_seconds histogram Histogram of end to end request latency.
         trtllm_prompt_tokens_total counter Cumulative number of prompt (input) tokens processed.
@@ -321,6 +242,8 @@ class TrtLlm(Dialect):
         trtllm_iteration_latency_seconds gauge Iteration latency in seconds
         """)
     LABELS: Labels = (("model_name", "undefined"), ("engine_type", "undefined"))
+    # openai_server.py: Prometheus text mounted at /prometheus/metrics; /metrics is JSON.
+    METRICS_PATH = "/prometheus/metrics"
 
     def __init__(self, settings: SimSettings, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(settings, clock)
@@ -328,6 +251,7 @@ class TrtLlm(Dialect):
         # openai_server.py buffers at most iter_stats_max_iterations (1000) iteration stats.
         self._pending: deque[tuple[int, SchedulerStats, float, int]] = deque(maxlen=1000)
         self._drained: dict[int, SchedulerStats] = {}
+        self._iter = 0
 
     def step(
         self, rank: int, stats: SchedulerStats, it: IterationStats | None, interval: float
@@ -344,6 +268,26 @@ class TrtLlm(Dialect):
             self.inc("trtllm_generation_tokens_total", self.LABELS, done.generation_tokens)
         if finished:
             self._drain()  # the iteration-stats collector wakes up only on a completion
+
+    def iteration_stats(self) -> list[dict[str, object]]:
+        """trtllm-serve's JSON /metrics: the buffered iteration stats, drained. The queue is the
+        one the Prometheus collector drains, so what this takes the gauges never see."""
+        out: list[dict[str, object]] = []
+        for rank, stats, interval, completed in self._pending:
+            self._iter += 1
+            out.append(
+                {
+                    "iter": self._iter,
+                    "iterLatencyMS": round(interval * 1000.0, 3),
+                    "numActiveRequests": stats.num_running_reqs,
+                    "numQueuedRequests": stats.num_waiting_reqs,
+                    "numCompletedRequests": completed,
+                    "kvCacheStats": {"usedNumBlocks": round(stats.kv_cache_usage * 1000)},
+                    "rank": rank,
+                }
+            )
+        self._pending.clear()
+        return out
 
     def _drain(self) -> None:
         for rank, stats, interval, completed in self._pending:

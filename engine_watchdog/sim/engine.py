@@ -187,6 +187,8 @@ class EngineCore:
             self.sleep_level = 0
         elif method == "is_sleeping":
             result = self.sleep_level > 0
+        elif method == "metrics":
+            pass  # llama.cpp's metrics task: the answer only proves the loop turned
         else:
             result = {"error": f"unknown method {method!r}"}
         self.send(p.RESULT, {"call_id": call_id, "result": result})

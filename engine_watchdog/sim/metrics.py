@@ -27,7 +27,7 @@ from engine_watchdog.sim.protocol import SchedulerStats
 from engine_watchdog.sim.settings import SimSettings
 
 if TYPE_CHECKING:
-    from engine_watchdog.sim.dialects import Dialect
+    from engine_watchdog.sim.dialect_base import Dialect
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
@@ -252,6 +252,26 @@ class SimMetrics:
         if e is not None:
             for i, state in enumerate(SLEEP_STATES):
                 e.sleep_state[state].set(1 if i == level else 0)
+
+    @property
+    def metrics_path(self) -> str:
+        """Where this engine serves its Prometheus text (trtllm-serve: /prometheus/metrics)."""
+        return self._dialect.METRICS_PATH if self._dialect is not None else "/metrics"
+
+    @property
+    def on_engine_loop(self) -> bool:
+        """The /metrics handler must wait for the engine loop (llama.cpp)."""
+        return self._dialect is not None and self._dialect.METRICS_ON_ENGINE_LOOP
+
+    @property
+    def has_iteration_stats(self) -> bool:
+        """The engine serves JSON iteration stats at /metrics (trtllm-serve)."""
+        return hasattr(self._dialect, "iteration_stats")
+
+    def iteration_stats(self) -> list[dict[str, object]]:
+        """trtllm-serve's JSON iteration stats, drained (empty for other engines)."""
+        stats = getattr(self._dialect, "iteration_stats", None)
+        return list(stats()) if stats is not None else []
 
     def exposition(self) -> bytes:
         if self._dialect is not None:

@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine_watchdog.sim.admin import AdminHandlers
-from engine_watchdog.sim.client import EngineGroup
+from engine_watchdog.sim.client import EngineDeadError, EngineGroup
 from engine_watchdog.sim.faults import ApiFault, FaultSpec
 from engine_watchdog.sim.metrics import SimMetrics
 from engine_watchdog.sim.openai import OpenAIHandlers
@@ -44,15 +44,24 @@ def build_app(
         return web.Response(status=503 if group.dead else 200)
 
     async def metrics_page(request: web.Request) -> web.Response:
-        # Served whatever the engines do: values stay where the last engine output left them.
+        # vLLM serves it whatever the engines do (values stay where the last output left them);
+        # llama-server asks its engine loop first, so a hung loop hangs the scrape too.
+        if metrics.on_engine_loop:
+            with contextlib.suppress(EngineDeadError):
+                await group.call("metrics", {}, ranks=[0])
         return web.Response(
             body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
+    async def iteration_stats(request: web.Request) -> web.Response:
+        return web.json_response(metrics.iteration_stats())
+
     async def version(request: web.Request) -> web.Response:
         return web.json_response({"version": VERSION})
 
-    app.add_routes([web.get("/health", health), web.get("/metrics", metrics_page)])
+    app.add_routes([web.get("/health", health), web.get(metrics.metrics_path, metrics_page)])
+    if metrics.has_iteration_stats:  # trtllm-serve: JSON at /metrics
+        app.add_routes([web.get("/metrics", iteration_stats)])
     app.add_routes([web.get("/version", version)])
     app.add_routes(OpenAIHandlers(settings, group, api_fault.on_inference).routes())
     app.add_routes(AdminHandlers(settings, group, metrics, api_fault).routes())

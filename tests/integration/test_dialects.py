@@ -2,18 +2,19 @@
 
 For every dialect (vllm, sglang, tgi, llamacpp, trtllm): a streaming load must keep the REAL
 watcher and detector out of suspect/stalled for longer than the stall window, /metrics must
-auto-detect as that engine, and after ``freeze-last`` the verdict must reach ``stalled``. The
-five run side by side (one simulator each) so the file stays within a minute.
+auto-detect as that engine (the watcher runs with ``--engine auto``), and after ``freeze-last``
+the verdict must reach ``stalled``. The five run side by side (one simulator each) so the file
+stays within a minute.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
+import pytest
 
 from engine_watchdog.config import ProbeSettings, WatchSettings
 from engine_watchdog.detector import DetectorSettings
@@ -37,6 +38,7 @@ BAD = {State.SUSPECT, State.STALLED, State.UNREACHABLE}
 class Outcome:
     dialect: str
     detected: str | None = None
+    watcher_engine: str | None = None
     healthy_states: set[State] = field(default_factory=set)
     stalled_after_s: float | None = None
     cause: str | None = None
@@ -46,16 +48,11 @@ class Outcome:
 def make_watcher(sim: SimProcess, dialect: str, session: aiohttp.ClientSession) -> Watcher:
     settings = WatchSettings(
         url=sim.url,
-        engine=dialect,
+        engine="auto",  # the watcher must find the engine (and its metrics path) itself
         probe=ProbeSettings(canary=False, gpu=False, procs=False),
         detector=DetectorSettings(stall_seconds=STALL_S, startup_grace_seconds=0),
     )
-    watcher = Watcher(settings, session)
-    if watcher.profile.metrics_path != "/metrics":
-        # The simulator serves every dialect at /metrics (trtllm-serve's Prometheus text lives
-        # at /prometheus/metrics); this watcher only, not the registry, reads it there.
-        watcher.profile = dataclasses.replace(watcher.profile, metrics_path="/metrics")
-    return watcher
+    return Watcher(settings, session)
 
 
 async def states_for(watcher: Watcher, seconds: float) -> set[State]:
@@ -102,6 +99,7 @@ async def run_dialect(dialect: str, sim_factory: SimFactory, http: SimHttp) -> O
             load.stop_new()
             await eventually(lambda: fired(http, sim), timeout=20, what=f"{dialect} freeze")
             await until_stalled(watcher, out)
+            out.watcher_engine = watcher.profile.name
     finally:
         watcher.close()
     return out
@@ -117,8 +115,11 @@ async def test_every_dialect_stalls_on_a_freeze_and_not_under_load(
               f"{o.stalled_after_s} s after the freeze fired")  # fmt: skip
     problems = []
     for o in outcomes:
-        if o.detected != o.dialect:
-            problems.append(f"{o.dialect}: /metrics auto-detected as {o.detected}")
+        if o.detected != o.dialect or o.watcher_engine != o.dialect:
+            problems.append(
+                f"{o.dialect}: /metrics auto-detected as {o.detected}, by the watcher as "
+                f"{o.watcher_engine}"
+            )
         if State.PROGRESSING not in o.healthy_states or o.healthy_states & BAD:
             seen = sorted(s.value for s in o.healthy_states)
             problems.append(f"{o.dialect}: under load the verdicts were {seen}")
@@ -131,3 +132,41 @@ async def test_every_dialect_stalls_on_a_freeze_and_not_under_load(
     assert not problems, "\n".join(problems)
     for o in outcomes:  # the freeze fires before the last progress: at least the stall window
         assert o.stalled_after_s is not None and o.stalled_after_s >= STALL_S - 2 * TICK_S - 1
+
+
+async def test_llamacpp_metrics_hang_with_the_engine_loop_and_health_does_not(
+    sim_factory: SimFactory, sim_http: SimHttp
+) -> None:
+    sim = await sim_factory("--dialect", "llamacpp", "--tokens-per-second", "50")
+    assert "llamacpp:n_decode_total" in await _text(sim_http, sim.url + "/metrics", 5.0)
+    async with StreamingLoad(sim.url, clients=2, max_tokens=500, model="sim-model") as load:
+        await load.wait_for(chunks=5, in_flight=2, timeout=20)
+        await sim_http.set_fault(sim, "freeze-last")
+        load.stop_new()
+        await eventually(lambda: fired(sim_http, sim), timeout=20, what="llamacpp freeze")
+        with pytest.raises(asyncio.TimeoutError):
+            await _text(sim_http, sim.url + "/metrics", 2.0)
+        assert await sim_http.health(sim) == 200  # the HTTP thread still answers
+        await sim_http.set_fault(sim, "none")
+        assert "llamacpp:n_decode_total" in await _text(sim_http, sim.url + "/metrics", 5.0)
+
+
+async def test_trtllm_serves_prometheus_text_apart_from_its_json_stats(
+    sim_factory: SimFactory, sim_http: SimHttp
+) -> None:
+    sim = await sim_factory("--dialect", "trtllm", "--tokens-per-second", "200")
+    for _ in range(2):
+        status, _doc = await sim_http.complete(sim, max_tokens=5)
+        assert status == 200
+    status, stats = await sim_http.get(sim, "/metrics")
+    assert status == 200 and isinstance(stats, list)
+    assert all({"iter", "numActiveRequests", "iterLatencyMS"} <= set(s) for s in stats)
+    text = await _text(sim_http, sim.url + "/prometheus/metrics", 5.0)
+    assert 'trtllm_request_success_total{model_name="undefined"' in text
+    assert detect_profile(text, 200).engine == "trtllm"
+
+
+async def _text(http: SimHttp, url: str, timeout: float) -> str:
+    async with http.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        assert resp.status == 200
+        return await resp.text()

@@ -215,6 +215,16 @@ def test_metrics_from_the_engine_loop_timing_out_is_a_stall() -> None:
     for t in range(1, 40):
         obs += [ScrapeObs(T0 + t, error="timeout"), HealthObs(T0 + t + 0.1, 200)]
     _, seen = run(obs, stall_seconds=30, metrics_from_engine_loop=True)
-    assert first_stall(seen) == (31.0, "no-progress")
+    assert first_stall(seen) == (30.0, "no-progress")  # the loop last answered at t=0
     _, seen = run(obs, stall_seconds=30)
     assert first_stall(seen) is None
+
+
+def test_an_engine_loop_scrape_timeout_counts_the_time_it_waited() -> None:
+    """A scrape that waited 10 s for the engine loop proves the loop silent for those 10 s: the
+    verdict need not wait for the next scrape to begin after the window."""
+    obs: list[Observation] = [ScrapeObs(T0, (Eng(running=1).sample(),), status=200, elapsed_s=0.5)]
+    for t in (1, 11, 21, 31):
+        obs += [ScrapeObs(T0 + t, error="timeout", elapsed_s=10.0), HealthObs(T0 + t + 10, 200)]
+    _, seen = run(obs, stall_seconds=25, metrics_from_engine_loop=True)
+    assert first_stall(seen) == (21.0, "no-progress")  # silent from 0.5 until 31 >= 25

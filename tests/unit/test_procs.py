@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_watchdog.engines import VLLM
+from engine_watchdog.engines import PROFILES, TGI, VLLM
 from engine_watchdog.probes.pidns import read_ns_pid
 from engine_watchdog.probes.procs import (
     classify_role,
@@ -97,6 +97,34 @@ def test_explicit_pids_take_descendants() -> None:
     assert set(found.pids) == {101, 102, 200}
 
 
+# TGI: the launcher starts the router (the HTTP server) and one Python shard per rank as
+# siblings; another launcher on the same node runs a second model.
+TGI_HOST = [
+    raw(1, 0, "/sbin/init"),
+    raw(10, 1, "text-generation-launcher", "--model-id", "m", "--num-shard", "2"),
+    raw(11, 10, "/opt/conda/bin/python", "text-generation-server", "serve", "m", "--uds-path"),
+    raw(12, 10, "/opt/conda/bin/python", "text-generation-server", "serve", "m", "--rank", "1"),
+    raw(13, 10, "text-generation-router", "--port", "80"),
+    raw(14, 11, "/opt/conda/bin/python", "-c", "from multiprocessing.spawn import spawn_main"),
+    raw(20, 1, "text-generation-launcher", "--model-id", "other", "--port", "81"),
+    raw(21, 20, "/opt/conda/bin/python", "text-generation-server", "serve", "other"),
+    raw(23, 20, "text-generation-router", "--port", "81"),
+]
+
+
+def test_tgi_shards_are_found_through_their_launcher_but_not_the_launcher() -> None:
+    procs = {p.pid: p for p in TGI_HOST}
+    found = select_pids(procs, {80: frozenset({13}), 81: frozenset({23})}, TGI, port=80)
+    assert set(found.pids) == {11, 12, 13, 14}  # shards (and their helpers) and the router
+    assert found.pids[:2] == (11, 12) and found.listening == {13}  # engine cores first
+
+
+def test_siblings_are_not_taken_without_a_launcher_marker() -> None:
+    procs = {p.pid: p for p in TGI_HOST}
+    found = select_pids(procs, {80: frozenset({13})}, VLLM, port=80)
+    assert set(found.pids) == {13}
+
+
 @pytest.mark.parametrize(
     ("title", "listening", "role"),
     [
@@ -114,6 +142,26 @@ def test_explicit_pids_take_descendants() -> None:
 )
 def test_classify_role(title: str, listening: bool, role: str) -> None:
     assert classify_role(title, VLLM, listening) == role
+
+
+@pytest.mark.parametrize(
+    ("engine", "title", "listening", "role"),
+    [
+        # One process is the server and the engine: the restart rung must find an engine core.
+        ("llamacpp", "/usr/bin/llama-server -m model.gguf --metrics --port 8080", True,
+         "engine-core"),
+        ("trtllm", "/usr/bin/python3 -m mpi4py.futures.server", False, "engine-core"),
+        ("trtllm", "/usr/bin/python3 /usr/local/bin/trtllm-serve model --port 8000", True,
+         "api-server"),
+        ("sglang", "sglang::scheduler_DP0_PP1_TP2_EP0", False, "engine-core"),
+        ("sglang", "sglang::scheduler", False, "engine-core"),
+        ("tgi", "text-generation-launcher --model-id m", False, "other"),
+    ],
+)  # fmt: skip
+def test_classify_role_of_other_engines(
+    engine: str, title: str, listening: bool, role: str
+) -> None:
+    assert classify_role(title, PROFILES[engine], listening) == role
 
 
 @pytest.mark.parametrize(
