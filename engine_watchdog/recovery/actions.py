@@ -18,11 +18,7 @@ from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
 from engine_watchdog.model import Outcome, ProcInfo, Verdict
 from engine_watchdog.probes.procs import sample_procs_async
 from engine_watchdog.recovery.abort import abort_requests
-from engine_watchdog.recovery.restart import (
-    RestartOutcome,
-    kill_engine_core,
-    run_restart_command,
-)
+from engine_watchdog.recovery.restart import kill_engine_core, run_restart_command
 from engine_watchdog.watcher import Watcher
 
 log = logging.getLogger(__name__)
@@ -105,7 +101,6 @@ class EngineActions:
         return Outcome(done.result, done.detail)
 
     async def restart(self, stalled_since: float) -> Outcome:
-        done: Outcome | RestartOutcome
         if self.restarter is not None:
             done = await self.restarter(stalled_since)
         elif self.settings.restart_command:

@@ -12,20 +12,12 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import psutil
 
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.model import Outcome, ProcInfo
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RestartOutcome:
-    result: str
-    """ok | failed | skipped"""
-    detail: str
 
 
 def _same_process(p: ProcInfo, started_before: float) -> psutil.Process | None:
@@ -41,11 +33,11 @@ def _same_process(p: ProcInfo, started_before: float) -> psutil.Process | None:
     return proc if same and created < started_before else None
 
 
-def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> RestartOutcome:
+def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Outcome:
     """SIGKILL every engine-core process (blocking; call it through asyncio.to_thread)."""
     cores = [p for p in procs if p.role == "engine-core" and p.state not in ("gone", "zombie")]
     if not cores:
-        return RestartOutcome(
+        return Outcome(
             "skipped",
             "no live engine-core process: the engine already ended, or its processes are not "
             "visible here (pass --pid, or give --restart-command)",
@@ -62,11 +54,11 @@ def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Restart
         except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
             failed.append(f"{p.pid} ({type(exc).__name__})")
     if not killed:
-        return RestartOutcome("failed", "could not kill the engine core: " + ", ".join(failed))
-    return RestartOutcome("ok", f"SIGKILL sent to engine core {killed}; its supervisor restarts it")
+        return Outcome("failed", "could not kill the engine core: " + ", ".join(failed))
+    return Outcome("ok", f"SIGKILL sent to engine core {killed}; its supervisor restarts it")
 
 
-async def run_restart_command(command: Sequence[str], timeout_s: float) -> RestartOutcome:
+async def run_restart_command(command: Sequence[str], timeout_s: float) -> Outcome:
     """Run the operator's restart command (no shell), bounded in time."""
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -76,14 +68,14 @@ async def run_restart_command(command: Sequence[str], timeout_s: float) -> Resta
             start_new_session=True,
         )
     except OSError as exc:
-        return RestartOutcome("failed", f"--restart-command could not start: {exc}")
+        return Outcome("failed", f"--restart-command could not start: {exc}")
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     except asyncio.TimeoutError:
         os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
-        return RestartOutcome("failed", f"--restart-command ran past {timeout_s:.0f} s; killed")
+        return Outcome("failed", f"--restart-command ran past {timeout_s:.0f} s; killed")
     tail = out.decode(errors="replace").strip().splitlines()[-1:] if out else []
     if proc.returncode != 0:
-        return RestartOutcome("failed", f"--restart-command exited {proc.returncode}: {tail}")
-    return RestartOutcome("ok", "--restart-command succeeded")
+        return Outcome("failed", f"--restart-command exited {proc.returncode}: {tail}")
+    return Outcome("ok", "--restart-command succeeded")

@@ -38,6 +38,8 @@ class Dialect:
     """Where the engine serves its Prometheus text."""
     METRICS_ON_ENGINE_LOOP: ClassVar[bool] = False
     """The engine's /metrics handler waits for its engine loop (llama.cpp): it hangs with it."""
+    STATS_PATH: ClassVar[str | None] = None
+    """Where the engine serves JSON iteration stats besides its Prometheus text (trtllm-serve)."""
 
     def __init__(self, settings: SimSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
@@ -62,6 +64,10 @@ class Dialect:
 
     def refresh(self) -> None:
         """Hook run before each render (gauges computed at scrape time)."""
+
+    def iteration_stats(self) -> list[dict[str, object]]:
+        """The JSON answer at ``STATS_PATH``, where the engine has one."""
+        return []
 
     def inc(self, name: str, labels: Labels = (), by: float = 1.0) -> None:
         self.values[(name, labels)] = self.values.get((name, labels), 0.0) + by

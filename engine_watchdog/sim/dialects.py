@@ -244,6 +244,7 @@ class TrtLlm(Dialect):
     LABELS: Labels = (("model_name", "undefined"), ("engine_type", "undefined"))
     # openai_server.py: Prometheus text mounted at /prometheus/metrics; /metrics is JSON.
     METRICS_PATH = "/prometheus/metrics"
+    STATS_PATH = "/metrics"
 
     def __init__(self, settings: SimSettings, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(settings, clock)

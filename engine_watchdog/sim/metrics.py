@@ -264,14 +264,13 @@ class SimMetrics:
         return self._dialect is not None and self._dialect.METRICS_ON_ENGINE_LOOP
 
     @property
-    def has_iteration_stats(self) -> bool:
-        """The engine serves JSON iteration stats at /metrics (trtllm-serve)."""
-        return hasattr(self._dialect, "iteration_stats")
+    def stats_path(self) -> str | None:
+        """Where the engine serves JSON iteration stats (trtllm-serve: /metrics), if anywhere."""
+        return self._dialect.STATS_PATH if self._dialect is not None else None
 
     def iteration_stats(self) -> list[dict[str, object]]:
-        """trtllm-serve's JSON iteration stats, drained (empty for other engines)."""
-        stats = getattr(self._dialect, "iteration_stats", None)
-        return list(stats()) if stats is not None else []
+        """The JSON iteration stats at ``stats_path``, drained."""
+        return self._dialect.iteration_stats() if self._dialect is not None else []
 
     def exposition(self) -> bytes:
         if self._dialect is not None:

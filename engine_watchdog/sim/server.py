@@ -60,8 +60,8 @@ def build_app(
         return web.json_response({"version": VERSION})
 
     app.add_routes([web.get("/health", health), web.get(metrics.metrics_path, metrics_page)])
-    if metrics.has_iteration_stats:  # trtllm-serve: JSON at /metrics
-        app.add_routes([web.get("/metrics", iteration_stats)])
+    if metrics.stats_path:  # trtllm-serve: JSON at /metrics
+        app.add_routes([web.get(metrics.stats_path, iteration_stats)])
     app.add_routes([web.get("/version", version)])
     app.add_routes(OpenAIHandlers(settings, group, api_fault.on_inference).routes())
     app.add_routes(AdminHandlers(settings, group, metrics, api_fault).routes())
