@@ -57,6 +57,7 @@ class SimProcess:
         startup_timeout: float = 20.0,
         stop_timeout: float = 5.0,
         log_path: Path | None = None,
+        port: int | None = None,
     ) -> None:
         self.args = tuple(args)
         self.env = dict(env or {})
@@ -67,6 +68,8 @@ class SimProcess:
         )
         self.host = "127.0.0.1"
         self.port = 0
+        self.fixed_port = port
+        """Listen here (a restarted engine keeps its port) instead of on a free port."""
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -117,7 +120,7 @@ class SimProcess:
     async def start(self) -> None:
         """Start, and wait (bounded) until /health answers 200; retry a lost port race."""
         for attempt in range(START_ATTEMPTS):
-            self.port = free_port(self.host)
+            self.port = self.fixed_port or free_port(self.host)
             self._spawn()
             if await self._wait_healthy():
                 return

@@ -34,10 +34,15 @@ async def sim_factory(tmp_path: Path) -> AsyncIterator[SimFactory]:
     sims: list[SimProcess] = []
 
     async def start(
-        *args: str, env: Mapping[str, str] | None = None, startup_timeout: float = 30.0
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        startup_timeout: float = 30.0,
+        port: int | None = None,
     ) -> SimProcess:
         log_path = tmp_path / f"sim-{len(sims)}.log"  # pytest keeps the last runs' tmp dirs
-        sim = SimProcess(*args, env=env, startup_timeout=startup_timeout, log_path=log_path)
+        sim = SimProcess(
+            *args, env=env, startup_timeout=startup_timeout, log_path=log_path, port=port
+        )
         sims.append(sim)
         await sim.start()
         return sim

@@ -120,6 +120,31 @@ async def test_watch_says_engine_dead_when_the_engine_core_crashes(
     await eventually(lambda: sim.returncode is not None, timeout=20, what="the API server exits")
 
 
+async def test_a_restart_by_the_watchdog_is_starting_not_a_second_incident(
+    sim_factory: SimFactory, sim_http: SimHttp, watch_factory: Any
+) -> None:
+    """watch kills the stuck engine core; the API server answers its last values with /health
+    503 for a moment, exits, and its supervisor (here: the test, on the same port) starts a new
+    one. Between the two the verdict is starting (restarting), never engine-dead."""
+    sim = await sim_factory("--tokens-per-second", "30")
+    watch = await watch_factory(sim.url, "--action", "restart", "--stall-seconds", "8")
+    await watch.next_state("idle", timeout=20)
+    async with StreamingLoad(sim.url, clients=3, max_tokens=60, model="sim-model") as load:
+        await load.wait_for(chunks=30, in_flight=2, timeout=30)
+        await sim_http.set_fault(sim, "freeze-last")
+        load.stop_new()
+        await watch.next_state("stalled", timeout=40)
+        restarting = await watch.next_state("starting", timeout=30)
+        assert restarting["cause"] == "restarting"
+        await eventually(lambda: sim.returncode is not None, timeout=20, what="the API exits")
+    await sim_factory("--tokens-per-second", "30", port=sim.port)  # the kubelet's part
+    await watch.next_state("idle", timeout=30)
+    after = watch.lines[watch.lines.index(restarting) :]
+    assert [d for d in after if d["state"] in ("stalled", "unreachable")] == [], after
+    _, text = await get(watch.base + "/metrics")
+    assert metric(text, "engine_watchdog_stall_verdicts_total", cause="engine-dead") in (None, 0.0)
+
+
 async def test_liveness_rung_fails_livez_until_the_engine_progresses_again(
     sim_factory: SimFactory, sim_http: SimHttp, watch_factory: Any
 ) -> None:
