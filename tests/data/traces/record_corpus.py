@@ -253,19 +253,9 @@ def signal_all(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-class FixedPortSim(SimProcess):
+def fixed_port_sim(port: int) -> SimProcess:
     """A simulator on a port chosen in advance (start-up and restart scenarios need one)."""
-
-    def __init__(self, port: int, *args: str, env: dict[str, str] | None = None) -> None:
-        super().__init__(*args, env=env, startup_timeout=30.0)
-        self.fixed_port = port
-
-    async def start(self) -> None:
-        self.port = self.fixed_port
-        self._spawn()
-        if not await self._wait_healthy():
-            await self.stop()
-            raise RuntimeError(f"simulator not healthy on port {self.port}:\n{self.log_text()}")
+    return SimProcess(startup_timeout=30.0, port=port)
 
 
 class Proxy:
@@ -491,7 +481,7 @@ async def startup_sim(s: Session) -> None:
     s.watch(url)
     s.mark("recording starts; nothing listens yet")
     await s.observe(10.0)
-    sim = FixedPortSim(port)
+    sim = fixed_port_sim(port)
     s.cleanup(sim.stop)
     await sim.start()
     s.note("simulator up")
@@ -505,7 +495,7 @@ async def startup_sim(s: Session) -> None:
 async def restart_sim(s: Session) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    old = FixedPortSim(port)
+    old = fixed_port_sim(port)
     s.cleanup(old.stop)
     await old.start()
     s.watch(url)
@@ -514,7 +504,7 @@ async def restart_sim(s: Session) -> None:
     await s.observe(20.0)
     s.mark("engine restarted: SIGTERM of the server, a new one on the same port")
     await old.stop()
-    new = FixedPortSim(port)
+    new = fixed_port_sim(port)
     s.cleanup(new.stop)
     await new.start()
     s.note("new simulator up (counters from zero)")
