@@ -3,6 +3,10 @@
 A simulated vLLM under streaming load; the seed's hang (the last requests stop producing tokens,
 /health stays 200); the watchdog's verdict; the incident bundle; the abort (clients answered);
 the restart; the engine serving again. Everything it starts, it stops; it ends by itself.
+
+With ``--gpu`` (a machine with PyTorch and a CUDA GPU) the simulated engine computes on the GPU
+and hangs as a rank stuck in a collective does: spinning in a GPU kernel. The watchdog reads it
+through NVML, and the restart takes a CUDA core dump of the engine first.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from engine_watchdog.loadgen import StreamingLoad
 from engine_watchdog.model import State, Transition, Verdict
 from engine_watchdog.report.console import transition_line
 from engine_watchdog.runner import run_watch
+from engine_watchdog.sim.gpu import GpuUnavailableError, load_torch
 from engine_watchdog.sim.launcher import free_port
 from engine_watchdog.supervisor import PolicySettings
 
@@ -81,11 +86,23 @@ class ActionLog(logging.Handler):
         self.story.say("watchdog: " + text)
 
 
-def demo_settings(url: str, incident_dir: Path, stall_seconds: float) -> WatchSettings:
+# The engine's side of a user-triggered CUDA core dump (FACTS.md); the dump goes to /tmp.
+CORE_DUMP_ENV = (
+    "CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1",
+    "CUDA_COREDUMP_PIPE=/tmp/cuda_pipe_%p",
+    "CUDA_COREDUMP_FILE=/tmp/cuda_core_%p.nvcudmp",
+    "CUDA_COREDUMP_GENERATION_FLAGS=skip_nonrelocated_elf_images,skip_global_memory,"
+    "skip_shared_memory,skip_local_memory,skip_constbank_memory",
+)
+
+
+def demo_settings(
+    url: str, incident_dir: Path, stall_seconds: float, gpu: bool = False
+) -> WatchSettings:
     return validate(
         WatchSettings(
             url=url,
-            probe=ProbeSettings(gpu=False),
+            probe=ProbeSettings(gpu=gpu),
             detector=DetectorSettings(stall_seconds=stall_seconds, startup_grace_seconds=0),
             listen=None,
             policy=PolicySettings(
@@ -120,14 +137,27 @@ async def post(url: str, body: dict[str, object], timeout_s: float = 10.0) -> in
             return resp.status
 
 
-async def inject_hang(story: Story, url: str, load: StreamingLoad) -> None:
+async def inject_hang(story: Story, url: str, load: StreamingLoad, gpu: bool) -> None:
     await load.wait_for(chunks=100, in_flight=4, timeout=30)
     story.say(f"load: {load.in_flight} streaming requests in flight, {load.chunks} chunks so far")
-    await post(url + "/sim/fault", {"fault": "freeze-last"})
+    await post(url + "/sim/fault", {"fault": "spin" if gpu else "freeze-last"})
     load.stop_new()
-    story.mark(
-        "fault", "fault: freeze-last armed, clients stop sending: the last request will hang"
-    )
+    if gpu:
+        story.mark(
+            "fault", "fault: the engine spins in a GPU kernel, as in a collective no peer joins"
+        )
+    else:
+        story.mark(
+            "fault", "fault: freeze-last armed, clients stop sending: the last request will hang"
+        )
+
+
+def engine_command(port: int, gpu: bool) -> list[str]:
+    # VLLM_SERVER_DEV_MODE=1 gives the engine vLLM's abort-all endpoint: the abort rung runs.
+    command = ["env", "VLLM_SERVER_DEV_MODE=1", *(CORE_DUMP_ENV if gpu else ())]
+    command += [sys.executable, "-m", "engine_watchdog.sim", "--port", str(port)]
+    command += ["--served-model-name", MODEL, "--tokens-per-second", "25"]
+    return command + (["--gpu"] if gpu else [])
 
 
 async def serving_again(story: Story, url: str) -> bool:
@@ -138,17 +168,15 @@ async def serving_again(story: Story, url: str) -> bool:
     return status == 200
 
 
-async def run_demo(stall_seconds: float, incident_dir: Path) -> int:
+async def run_demo(stall_seconds: float, incident_dir: Path, gpu: bool = False) -> int:
     story = Story()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    # VLLM_SERVER_DEV_MODE=1 gives the engine vLLM's abort-all endpoint: the abort rung runs.
-    command = ["env", "VLLM_SERVER_DEV_MODE=1", sys.executable, "-m", "engine_watchdog.sim"]
-    command += ["--port", str(port), "--served-model-name", MODEL, "--tokens-per-second", "25"]
+    command = engine_command(port, gpu)
     logging.getLogger("engine_watchdog.actions").addHandler(ActionLog(story))
     logging.getLogger("engine_watchdog.actions").propagate = False
     stop = asyncio.Event()
-    settings = demo_settings(url, incident_dir, stall_seconds)
+    settings = demo_settings(url, incident_dir, stall_seconds, gpu)
     story.say(f"starting a simulated vLLM on {url} under engine-watchdog run (supervise mode)")
     watchdog = asyncio.create_task(
         run_watch(
@@ -160,7 +188,7 @@ async def run_demo(stall_seconds: float, incident_dir: Path) -> int:
     try:
         await wait_healthy(url, 30)
         load.start()
-        await inject_hang(story, url, load)
+        await inject_hang(story, url, load, gpu)
         await asyncio.wait_for(story.recovered.wait(), stall_seconds + 90)
         ok = await serving_again(story, url)
     finally:
@@ -199,10 +227,21 @@ def report(story: Story, outcome: object, incident_dir: Path, ok: bool) -> int:
     default=Path("incidents/demo"),
     show_default=True,
 )
-def demo(stall_seconds: float, incident_dir: Path) -> None:
+@click.option(
+    "--gpu",
+    is_flag=True,
+    help="The simulated engine computes on CUDA device 0 and hangs spinning in a GPU kernel "
+    "(needs PyTorch with CUDA); the restart takes a CUDA core dump first.",
+)
+def demo(stall_seconds: float, incident_dir: Path, gpu: bool) -> None:
     """Run the whole story on the embedded simulator: hang, verdict, bundle, restart."""
+    if gpu:
+        try:
+            load_torch()
+        except GpuUnavailableError as exc:
+            raise click.UsageError(str(exc)) from exc
     try:
-        code = asyncio.run(run_demo(stall_seconds, incident_dir))
+        code = asyncio.run(run_demo(stall_seconds, incident_dir, gpu))
     except TimeoutError as exc:
         click.echo(f"demo: FAILED: {exc}", err=True)
         code = 1

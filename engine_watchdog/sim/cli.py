@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from engine_watchdog.sim.gpu import GpuUnavailableError, load_torch
 from engine_watchdog.sim.server import run_sim
 from engine_watchdog.sim.settings import DIALECTS, FAULT_NAMES, SimSettings, SimSettingsError
 
@@ -77,6 +78,12 @@ _D = SimSettings()  # defaults, shown in --help
     show_default=True,
     help="Speak this engine's /metrics dialect (names, labels, types); the API stays vLLM's.",
 )
+@click.option(
+    "--gpu",
+    is_flag=True,
+    default=_D.gpu,
+    help="Engine cores compute on CUDA device 0 (PyTorch); the spin fault spins a GPU kernel.",
+)
 @click.pass_context
 def sim_command(ctx: click.Context, /, **options: Any) -> None:
     """Run a vLLM-compatible engine simulator with injectable faults.
@@ -88,6 +95,8 @@ def sim_command(ctx: click.Context, /, **options: Any) -> None:
     dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip().lower() in ("1", "true")
     try:
         settings = SimSettings(dev_mode=dev_mode, **options)
-    except SimSettingsError as exc:
+        if settings.gpu:
+            load_torch()  # say so now, not from an engine core that fails to start
+    except (SimSettingsError, GpuUnavailableError) as exc:
         raise click.UsageError(str(exc)) from exc
     ctx.exit(run_sim(settings))

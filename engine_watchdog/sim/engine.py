@@ -24,6 +24,7 @@ from typing import Any
 
 from engine_watchdog.sim import protocol as p
 from engine_watchdog.sim.faults import API_FAULTS, EngineFaults, FaultSpec
+from engine_watchdog.sim.gpu import GpuWork
 from engine_watchdog.sim.scheduler import Scheduler
 from engine_watchdog.sim.settings import SimSettings
 
@@ -33,6 +34,8 @@ IDLE_POLL_S = 1.0
 """Longest single wait of an idle busy loop (it waits again; this only bounds each wait)."""
 
 INIT_TIMEOUT_S = 30.0
+GPU_DUTY = 0.8
+"""sim --gpu: share of each step's interval the GPU computes (a GPU-bound engine)."""
 PR_SET_PDEATHSIG = 1
 
 
@@ -54,7 +57,10 @@ class EngineCore:
         spec = FaultSpec.from_settings(settings)
         if spec.name in API_FAULTS:
             spec = replace(spec, name="none")  # the API process's fault, not ours
-        self.faults = EngineFaults(spec, self._notify_fault)
+        # sim --gpu: a real CUDA process (imported here, in the engine core, only then).
+        self.gpu = GpuWork() if settings.gpu else None
+        spin = self.gpu.spin_until if self.gpu is not None else None
+        self.faults = EngineFaults(spec, self._notify_fault, gpu_spin=spin)
         self.pause_state = "running"  # running | draining (pause mode=wait) | paused
         self.sleep_level = 0
         self._pause_waiters: list[int] = []
@@ -148,9 +154,11 @@ class EngineCore:
         interval = 1.0 / self.faults.steps_per_second(self.settings.tokens_per_second)
         self._next_step_at = max(self._next_step_at, now) + interval
         if self.faults.is_slow():
-            # A slow engine is busy computing its long step, not asleep: burn the CPU meanwhile,
-            # so the process looks like a real slow engine (and unlike a deadlocked one).
-            _compute_until(self._next_step_at)
+            # A slow engine is busy computing its long step, not asleep: burn the CPU (or the
+            # GPU) meanwhile, so it looks like a real slow engine (and unlike a deadlocked one).
+            (self.gpu.compute_until if self.gpu else _compute_until)(self._next_step_at)
+        elif self.gpu is not None:
+            self.gpu.compute_until(now + GPU_DUTY * interval)  # a GPU-bound step
 
     def _handle(self, kind: str, body: dict[str, Any]) -> None:
         if kind == p.ADD:

@@ -88,8 +88,14 @@ def _number(name: str, value: Any, kind: type[int] | type[float]) -> int | float
 class EngineFaults:
     """The fault state of one engine core, shared by its busy loop and its input thread."""
 
-    def __init__(self, spec: FaultSpec, notify: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        spec: FaultSpec,
+        notify: Callable[[dict[str, Any]], None],
+        gpu_spin: Callable[[Callable[[], bool]], None] | None = None,
+    ) -> None:
         self._notify = notify  # tells the API process when a fault fires or ends
+        self._gpu_spin = gpu_spin  # sim --gpu: spins a GPU kernel until told to stop
         self._lock = threading.Lock()  # guards every field below
         self._spec = spec
         self._state = "idle" if spec.name == "none" else "armed"
@@ -207,8 +213,11 @@ class EngineFaults:
                 self._step_lock.release()
 
     def _spin_without_progress(self) -> None:
-        """spin: burn CPU in Python without producing anything."""
+        """spin: burn CPU in Python (with --gpu: a GPU kernel) without producing anything."""
         deadline = time.monotonic() + MAX_HANG_S
+        if self._gpu_spin is not None:
+            self._gpu_spin(lambda: self._release.is_set() or time.monotonic() >= deadline)
+            return
         spins = 0
         while not self._release.is_set() and time.monotonic() < deadline:
             spins += 1

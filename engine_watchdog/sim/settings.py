@@ -91,6 +91,11 @@ class SimSettings:
     """Whose /metrics to speak (one of :data:`DIALECTS`): names, labels, types and when each
     series moves follow that engine; the HTTP API stays the same."""
 
+    gpu: bool = False
+    """Engine cores do real work on CUDA device 0 through PyTorch: each step computes, a slow
+    step computes for its whole length, and the spin fault spins a GPU kernel instead of the
+    CPU. For rehearsing the GPU evidence on a GPU machine."""
+
     def __post_init__(self) -> None:
         validate(self)
 

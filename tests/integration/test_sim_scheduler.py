@@ -91,6 +91,21 @@ def test_deadlock_blocks_on_a_real_lock_until_cleared() -> None:
     assert faults.before_step(1, 0, 1) is None  # cleared: the loop steps again
 
 
+def test_spin_with_a_gpu_spins_there_until_cleared() -> None:
+    """sim --gpu: the spin fault hands the wait to the GPU spinner, which stops when told."""
+    states: list[dict[str, Any]] = []
+    kernels: list[float] = []
+
+    def gpu_spin(stop: Any) -> None:  # stands in for GpuWork.spin_until (one kernel per loop)
+        while not stop():
+            kernels.append(time.monotonic())
+            time.sleep(0.01)
+
+    faults = EngineFaults(FaultSpec("spin"), states.append, gpu_spin=gpu_spin)
+    assert run_blocked(lambda: faults.before_step(1, 0, 1), states, faults) == ["spin"]
+    assert len(kernels) > 5  # it kept spinning on the "GPU" while the fault was on
+
+
 def run_blocked(call: Any, states: list[dict[str, Any]], faults: EngineFaults) -> list[Any]:
     """Run ``call`` in a thread; once the fault says it fired, check the thread is stuck, then
     clear the fault and return what the call returned."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -10,6 +11,10 @@ import pytest
 from engine_watchdog.check import EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, decide
 from engine_watchdog.detector import TARGET
 from engine_watchdog.model import State, Verdict
+
+NEEDS_NO_TORCH = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is not None, reason="PyTorch here: --gpu would run"
+)
 
 
 def v(
@@ -63,6 +68,8 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
         (["watch", "http://127.0.0.1:8000", "--listen", "nope"], "host:port"),
         (["check", "--nope"], "No such option"),
         (["check"], "no target: give URL(s)"),
+        pytest.param(["sim", "--gpu", "--port", "0"], "--gpu needs", marks=NEEDS_NO_TORCH),
+        pytest.param(["demo", "--gpu"], "--gpu needs", marks=NEEDS_NO_TORCH),
     ],
 )
 def test_bad_input_is_one_line_and_exit_64(args: list[str], needle: str) -> None:

@@ -62,6 +62,20 @@ def test_gpu_spin_is_stalled_fast() -> None:
     assert stall is not None and stall[1] == "gpu-spin" and stall[0] <= 4 + 15
 
 
+def test_gpu_spin_is_found_although_the_first_sample_still_holds_the_last_compute() -> None:
+    """GPM averages the time since the previous sample: the first sample after the last token
+    shows the last steps' tensor work (as on the H200), the later ones the spin alone. That
+    sample counts as life (the quiet clock restarts there); the spin after it is still found."""
+
+    def sample(t: float) -> GpuObs:
+        return gpu(t, 100.0, 3.0, 1.5) if t <= 5.5 else gpu(t, 100.0, 0.0, 0.0)
+
+    extra = every_second(60, sample)
+    _, seen = run(frozen_engine(60, extra))
+    stall = first_stall(seen)
+    assert stall is not None and stall[1] == "gpu-spin" and stall[0] <= 4 + 15
+
+
 def test_gpu_computing_is_life_during_a_long_prefill() -> None:
     extra = every_second(200, lambda t: gpu(t, 100.0, 35.0, 20.0))
     _, seen = run(frozen_engine(200, extra))

