@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 
 from engine_watchdog import __version__
+from engine_watchdog.capture.procfs import environ_of
 from engine_watchdog.capture.tools import run_bounded
 from engine_watchdog.model import ProcInfo
 
@@ -67,16 +68,6 @@ def read_cmdline(pid: int, proc_root: Path) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def read_environ(pid: int, proc_root: Path) -> dict[str, str]:
-    raw = (proc_root / str(pid) / "environ").read_bytes()
-    env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, eq, value = item.decode(errors="replace").partition("=")
-        if eq:
-            env[key] = value
-    return env
-
-
 def process_records(procs: Iterable[ProcInfo], proc_root: Path) -> list[dict[str, Any]]:
     """Each process with its command line and environment, secrets redacted. Blocking."""
     records: list[dict[str, Any]] = []
@@ -87,7 +78,10 @@ def process_records(procs: Iterable[ProcInfo], proc_root: Path) -> list[dict[str
         except OSError as e:
             rec["cmdline_error"] = e.strerror or str(e)
         try:
-            rec["environ"] = redact_env(read_environ(p.pid, proc_root))
+            env, source = environ_of(proc_root, p.pid)
+            rec["environ"] = redact_env(env)
+            if source != p.pid:  # zeroed by setproctitle: the parent's, which it inherited
+                rec["environ_from_pid"] = source
         except OSError as e:
             # Another UID's environ needs root or the same UID: say so rather than fail.
             rec["environ_error"] = e.strerror or str(e)

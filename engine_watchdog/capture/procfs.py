@@ -32,15 +32,54 @@ FIX_ENVIRON_PERMISSION = (
 # ---- the process itself -----------------------------------------------------------------------
 
 
+ANCESTOR_HOPS = 8
+"""How far up the process tree an environment zeroed by setproctitle is looked for."""
+
+
 def read_environ(proc_root: Path, pid: int) -> dict[str, str]:
-    """The process's environment at exec time. Raises OSError (PermissionError, gone)."""
-    raw = (proc_root / str(pid) / "environ").read_bytes()
+    """The process's environment at exec time (see :func:`environ_of`). Raises OSError
+    (PermissionError, gone)."""
+    return environ_of(proc_root, pid)[0]
+
+
+def environ_of(proc_root: Path, pid: int) -> tuple[dict[str, str], int]:
+    """(environment, PID it was read from). setproctitle, which vLLM's engine cores and workers
+    call, zeroes /proc/PID/environ (unless SPT_NOENV is set); a child's environment is its
+    parent's, so an empty one is read from the nearest ancestor that has one. Raises OSError
+    when the process's own file cannot be read."""
+    env = _parse_environ((proc_root / str(pid) / "environ").read_bytes())
+    current = pid
+    for _ in range(ANCESTOR_HOPS):
+        if env:
+            return env, current
+        parent = read_ppid(proc_root, current)
+        if parent is None or parent <= 1:
+            break
+        current = parent
+        try:
+            env = _parse_environ((proc_root / str(current) / "environ").read_bytes())
+        except OSError:
+            break
+    return {}, pid
+
+
+def _parse_environ(raw: bytes) -> dict[str, str]:
     env = {}
     for entry in raw.split(b"\0"):
         key, sep, value = entry.partition(b"=")
         if sep and key:
             env[key.decode(errors="replace")] = value.decode(errors="replace")
     return env
+
+
+def read_ppid(proc_root: Path, pid: int) -> int | None:
+    """The parent PID from /proc/PID/stat (after the command name, which may hold spaces and
+    parentheses); None when it cannot be read."""
+    try:
+        stat_line = (proc_root / str(pid) / "stat").read_text(errors="replace")
+        return int(stat_line.rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def read_environs(

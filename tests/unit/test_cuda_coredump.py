@@ -57,6 +57,16 @@ def test_environ_and_patterns(tmp_path: Path) -> None:
     ]
 
 
+def test_an_environ_zeroed_by_setproctitle_is_read_from_the_parent(tmp_path: Path) -> None:
+    fake_proc(tmp_path, 7, 7, {"CUDA_ENABLE_USER_TRIGGERED_COREDUMP": "1"}, tmp_path)
+    child = fake_proc(tmp_path, 8, 8, {}, tmp_path)
+    (child / "environ").write_bytes(b"\0" * 64)  # what setproctitle leaves
+    (child / "stat").write_text("8 (VLLM::Engine (1)) S 7 8 8\n")
+    assert read_environ(tmp_path, 8) == {"CUDA_ENABLE_USER_TRIGGERED_COREDUMP": "1"}
+    (tmp_path / "7" / "environ").write_bytes(b"")  # nothing to inherit either: empty
+    assert read_environ(tmp_path, 8) == {}
+
+
 async def test_not_destructive_does_nothing(tmp_path: Path) -> None:
     step = make_cuda_coredump_step(FAST)
     res = await step(CaptureContext(workdir=tmp_path, procs=(proc(1),)))
