@@ -108,8 +108,19 @@ async def _run_step(step: CaptureStep, ctx: CaptureContext, grace_s: float) -> S
 async def _run_steps(
     steps: Sequence[CaptureStep], ctx: CaptureContext, grace_s: float
 ) -> list[StepResult]:
-    """All steps concurrently. If one hits a full disk the others are cancelled and awaited
-    before the caller removes the directory, so none writes into it afterwards."""
+    """All steps concurrently; in a destructive capture the last step (the CUDA core dump,
+    which ends the process) only once the others are done with the process."""
+    if ctx.destructive and len(steps) > 1:
+        first = await _run_together(steps[:-1], ctx, grace_s)
+        return first + await _run_together(steps[-1:], ctx, grace_s)
+    return await _run_together(steps, ctx, grace_s)
+
+
+async def _run_together(
+    steps: Sequence[CaptureStep], ctx: CaptureContext, grace_s: float
+) -> list[StepResult]:
+    """If one step hits a full disk the others are cancelled and awaited before the caller
+    removes the directory, so none writes into it afterwards."""
     tasks = [asyncio.ensure_future(_run_step(st, ctx, grace_s)) for st in steps]
     try:
         return list(await asyncio.gather(*tasks))

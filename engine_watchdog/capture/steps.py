@@ -19,6 +19,6 @@ def capture_steps(destructive: bool, gpu: GpuProbe | None = None) -> list[Captur
     steps = [pyspy_step(), make_flight_recorder_step()]
     if gpu is not None:
         steps.append(make_gpu_step(gpu))
-    if destructive:
+    if destructive:  # last: a destructive bundle runs it after the others (it ends the process)
         steps.append(make_cuda_coredump_step())
     return steps

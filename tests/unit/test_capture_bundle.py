@@ -146,6 +146,31 @@ async def test_hanging_step_times_out_and_others_go_on(tmp_path: Path) -> None:
     assert [(r.name, r.status) for r in res.steps] == [("hanging_step", "timeout"), ("gpu", "ok")]
 
 
+async def test_a_destructive_bundle_ends_the_process_only_after_the_other_steps(
+    tmp_path: Path,
+) -> None:
+    """The CUDA core dump ends the process: in the restart's bundle the stacks come first (on
+    an H200 a concurrent py-spy found the engine core already gone)."""
+    alive = True
+    seen: list[str] = []
+
+    async def stacks(ctx: CaptureContext) -> StepResult:
+        await asyncio.sleep(0.2)
+        seen.append(f"stacks of a {'live' if alive else 'dead'} process")
+        return StepResult("py-spy", "ok")
+
+    async def core_dump(ctx: CaptureContext) -> StepResult:
+        nonlocal alive
+        alive = False
+        return StepResult("cuda-coredump", "ok")
+
+    res = await write_bundle(
+        settings(tmp_path, destructive=True), VERDICT, [CORE], [], [stacks, core_dump]
+    )
+    assert seen == ["stacks of a live process"]
+    assert [r.name for r in res.steps] == ["py-spy", "cuda-coredump"]
+
+
 async def test_disk_full_in_a_step_leaves_nothing(tmp_path: Path) -> None:
     async def filling_step(ctx: CaptureContext) -> StepResult:
         write_private(ctx.workdir / "big.bin", b"x" * 10)

