@@ -98,7 +98,7 @@ class Watcher:
             session, self.target, self.profile, settings.probe.canary_timeout_s, clock
         )
         self._canary_task: asyncio.Task[CanaryObs] | None = None
-        self._noted: list[Observation] = []
+        self._noted: list[RestartObs] = []
         pids = settings.probe.pids
         self.procs = ProcsProbe(None if pids else self.target, pids, self.profile, clock=clock)
         self.gpu = (
@@ -116,8 +116,9 @@ class Watcher:
         """One probe round: every probe concurrently, then judge in time order."""
         probed = [o for o in await asyncio.gather(*self._probes()) if o is not None]
         changes: list[Transition] = []
-        noted, self._noted = self._noted, []
-        for obs in sorted([*noted, *self._canary_result(), *probed], key=lambda o: o.t):
+        for obs in sorted(
+            [*self._take_noted(), *self._canary_result(), *probed], key=lambda o: o.t
+        ):
             changes += self.detector.feed(obs)
             self._fed_t = max(self._fed_t, obs.t)
         self._publish()
@@ -128,9 +129,15 @@ class Watcher:
     def note_restart(self, detail: str) -> None:
         """The watchdog just ended the engine so that it restarts; judged with the next round
         (so its transitions reach the reporters like any other), and recorded in the trace."""
-        obs = RestartObs(max(self.clock(), self._fed_t), detail)
-        self._noted.append(obs)
-        self._remember(encode(obs))
+        self._noted.append(RestartObs(self.clock(), detail))
+
+    def _take_noted(self) -> list[RestartObs]:
+        # Never before what the detector has already judged (a canary may have ended later).
+        noted = [replace(o, t=max(o.t, self._fed_t)) for o in self._noted]
+        self._noted.clear()
+        for obs in noted:
+            self._remember(encode(obs))
+        return noted
 
     def close(self) -> None:
         if self._canary_task is not None:
