@@ -76,7 +76,10 @@ def _special_body(body: str, status: int, candidates: list[EngineProfile]) -> De
         hint = PROFILES["llamacpp"].enable_hint
         return Detection("llamacpp", "llama-server's 501 answer to /metrics", hint)
     if status == 200 and TRTLLM.name in names and _is_json_list(body):
-        hint = f"{TRTLLM.enable_hint} (the watchdog reads {TRTLLM.metrics_path})"
+        hint = (
+            f"The watchdog reads {TRTLLM.metrics_path}; if it is missing, "
+            f"{TRTLLM.enable_hint.split(';')[0]}"
+        )
         return Detection(TRTLLM.name, "a JSON list (trtllm-serve's iteration stats)", hint)
     return None
 
