@@ -236,8 +236,10 @@ class Detector:
     # -- judgement -------------------------------------------------------------------------
 
     def _reevaluate(self, t: float, force: bool = False) -> list[Transition]:
+        if self._restarting(t):
+            return []  # nothing of the ended engine is judged until the next one answers
         if self._unreachable_since is not None and not force:
-            if self._first_good_t is None or self._restarting(t) or not self._engine_gone():
+            if self._first_good_t is None or not self._engine_gone():
                 return []  # the last scrape failed: its verdict stands until the next one
             return [c for k in self._tracks.values() for c in self._set_dead(k, t)]
         changes = []

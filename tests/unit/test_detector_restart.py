@@ -61,6 +61,20 @@ def test_a_restart_we_made_is_starting_not_engine_dead() -> None:
     assert after[-1] == (40.0, "idle", None)
 
 
+def test_the_old_api_answering_without_its_engine_core_is_still_restarting() -> None:
+    """vLLM's API server serves its last values for about 5 s after its engine core died; the
+    process table already shows no engine core. That is the restart we made, not a death."""
+    e, obs = stalled_engine(12)
+    obs += [RestartObs(T0 + 12)]
+    for t in range(13, 20):
+        obs += [scrape(t, e), HealthObs(T0 + t + 0.2, 503), ProcsObs(T0 + t + 0.5, (API,))]
+    obs += [refused(t) for t in range(20, 25)]
+    obs += [scrape(t, Eng(running=0, tokens=0)) for t in range(25, 30)]
+    seen = feed(obs)
+    after = [s for s in seen if s[0] >= 12]
+    assert after == [(12.0, "starting", "restarting"), (25.0, "idle", None)], after
+
+
 def test_the_next_engine_gets_its_own_start_up_grace() -> None:
     _, obs = stalled_engine(12)
     obs += [RestartObs(T0 + 12), refused(13)]

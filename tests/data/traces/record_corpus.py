@@ -352,10 +352,12 @@ async def stopped_sim(s: Session) -> None:
     await stop_then_resume(s, sim.engine_pids(), "", settle_s=5.0)
 
 
-async def hang_then_clear(s: Session, fault: str, hold_s: float = 40.0) -> None:
-    sim, _ = await loaded_sim(s)
+async def hang_then_clear(
+    s: Session, fault: str, hold_s: float = 40.0, sim_args: tuple[str, ...] = ()
+) -> None:
+    sim, _ = await loaded_sim(s, *sim_args)
     await s.fault(sim, fault)
-    s.mark(f"fault {fault} set under load")
+    s.mark(f"fault {fault} set under load{_with(sim_args)}")
     await s.observe(hold_s)
     await s.fault(sim, "none")
     s.note("fault cleared")
@@ -429,14 +431,20 @@ async def healthy_load_sim(s: Session) -> None:
     await s.observe(10.0)
 
 
-async def slow_decode(s: Session, steps_per_s: float, hold_s: float) -> None:
-    sim, _ = await loaded_sim(s, clients=2)
+async def slow_decode(
+    s: Session, steps_per_s: float, hold_s: float, sim_args: tuple[str, ...] = ()
+) -> None:
+    sim, _ = await loaded_sim(s, *sim_args, clients=2)
     await s.fault(sim, "slow", slow_tokens_per_second=steps_per_s)
-    s.mark(f"fault slow: one engine step every {1 / steps_per_s:.0f} s")
+    s.mark(f"fault slow: one engine step every {1 / steps_per_s:.0f} s{_with(sim_args)}")
     await s.observe(hold_s)
     await s.fault(sim, "none")
     s.note("fault cleared")
     await s.observe(5.0)
+
+
+def _with(sim_args: tuple[str, ...]) -> str:
+    return f" (sim {' '.join(sim_args)})" if sim_args else ""
 
 
 async def slow_decode_sim(s: Session) -> None:
@@ -669,25 +677,12 @@ async def vllm_kill(s: Session) -> None:
 
 async def gpu_spin_sim(s: Session) -> None:
     """Under load, the engine core spins in a GPU kernel (no tensor, no DRAM) for 40 s."""
-    sim, _ = await loaded_sim(s, "--gpu")
-    await s.fault(sim, "spin")
-    s.mark("fault spin (--gpu): the engine core waits on a GPU kernel that spins on the clock")
-    await s.observe(40.0)
-    await s.fault(sim, "none")
-    s.note("fault cleared")
-    await s.until_state(State.PROGRESSING)
-    await s.observe(5.0)
+    await hang_then_clear(s, "spin", sim_args=("--gpu",))
 
 
 async def gpu_very_slow_decode_sim(s: Session) -> None:
     """One engine step every 25 s for 90 s, the GPU computing through each long step."""
-    sim, _ = await loaded_sim(s, "--gpu", clients=2)
-    await s.fault(sim, "slow", slow_tokens_per_second=0.04)
-    s.mark("fault slow (--gpu): one engine step every 25 s, each computing on the GPU")
-    await s.observe(90.0)
-    await s.fault(sim, "none")
-    s.note("fault cleared")
-    await s.observe(5.0)
+    await slow_decode(s, 0.04, 90.0, sim_args=("--gpu",))
 
 
 # -- synthetic GPU scenarios (no GPU here) ------------------------------------------------------
