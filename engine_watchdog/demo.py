@@ -42,6 +42,8 @@ class Story:
     marks: dict[str, float] = field(default_factory=dict)
     stall: Verdict | None = None
     recovered: asyncio.Event = field(default_factory=asyncio.Event)
+    progress_seen: asyncio.Event = field(default_factory=asyncio.Event)
+    """The watchdog has seen the engine make progress (so a hang has a last progress)."""
 
     def now(self) -> float:
         return time.monotonic() - self.start
@@ -61,6 +63,8 @@ class StoryReporter:
         self.story = story
 
     def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
+        if any(v.last_progress_t for v in verdicts.values()):
+            self.story.progress_seen.set()
         for change in changes:
             if change.new.engine == TARGET:
                 continue  # before the first scrape: the engine is still starting
@@ -139,6 +143,8 @@ async def post(url: str, body: dict[str, object], timeout_s: float = 10.0) -> in
 
 async def inject_hang(story: Story, url: str, load: StreamingLoad, gpu: bool) -> None:
     await load.wait_for(chunks=100, in_flight=4, timeout=30)
+    # A slow engine start (--gpu: PyTorch and CUDA) can leave the watchdog a round behind.
+    await asyncio.wait_for(story.progress_seen.wait(), 30)
     story.say(f"load: {load.in_flight} streaming requests in flight, {load.chunks} chunks so far")
     await post(url + "/sim/fault", {"fault": "spin" if gpu else "freeze-last"})
     load.stop_new()

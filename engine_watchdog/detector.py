@@ -190,7 +190,7 @@ class Detector:
     def _on_restart(self, obs: RestartObs) -> list[Transition]:
         """Nothing of the ended engine counts against the next one: not its death (we caused
         it), nor its processes, canaries or quiet clocks."""
-        self._restart = RestartWindow(since=obs.t)
+        self._restart = RestartWindow(since=obs.t, gap=obs.replaced)
         self._dead, self._health_timeout_since = None, None
         self.signals = Signals()
         for track in self._tracks.values():

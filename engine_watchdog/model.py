@@ -132,6 +132,9 @@ class RestartObs:
 
     t: float
     detail: str = ""
+    replaced: bool = False
+    """The next engine was already started when this was noted (supervise mode): whatever
+    answers next is it. Otherwise the ended engine's API server may still answer a while."""
 
 
 Observation = ScrapeObs | HealthObs | ProcsObs | GpuObs | CanaryObs | RestartObs

@@ -79,7 +79,8 @@ def encode(obs: HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs) -> dict[
     if isinstance(obs, HealthObs):
         return encode_health(obs)
     if isinstance(obs, RestartObs):
-        return {"v": VERSION, "t": obs.t, "kind": "restart", "detail": obs.detail}
+        rec = {"v": VERSION, "t": obs.t, "kind": "restart", "detail": obs.detail}
+        return {**rec, "replaced": obs.replaced}
     if isinstance(obs, CanaryObs):
         return encode_canary(obs)
     if isinstance(obs, GpuObs):
@@ -119,7 +120,7 @@ def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
     if kind == "procs":
         return ProcsObs(t, tuple(_proc(p) for p in rec["procs"]))
     if kind == "restart":
-        return RestartObs(t, _str(rec.get("detail")) or "")
+        return RestartObs(t, _str(rec.get("detail")) or "", _bool(rec.get("replaced", False)))
     return None
 
 

@@ -126,10 +126,11 @@ class Watcher:
         self.rounds += 1
         return changes
 
-    def note_restart(self, detail: str) -> None:
-        """The watchdog just ended the engine so that it restarts; judged with the next round
-        (so its transitions reach the reporters like any other), and recorded in the trace."""
-        self._noted.append(RestartObs(self.clock(), detail))
+    def note_restart(self, detail: str, replaced: bool = False) -> None:
+        """The watchdog just ended the engine so that it restarts (``replaced``: and already
+        started the next one); judged with the next round (so its transitions reach the
+        reporters like any other), and recorded in the trace."""
+        self._noted.append(RestartObs(self.clock(), detail, replaced))
 
     def _take_noted(self) -> list[RestartObs]:
         # Never before what the detector has already judged (a canary may have ended later).

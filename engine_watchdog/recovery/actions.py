@@ -110,7 +110,9 @@ class EngineActions:
         else:
             done = await asyncio.to_thread(kill_engine_core, await self._procs(), stalled_since)
         if done.result == "ok":  # what follows is a start-up we caused, not a death
-            self.watcher.note_restart(f"restarted by the watchdog: {done.detail}")
+            # Supervise mode's restarter has started the next engine before it returns.
+            replaced = self.restarter is not None
+            self.watcher.note_restart(f"restarted by the watchdog: {done.detail}", replaced)
         return Outcome(done.result, done.detail)
 
     async def paused(self) -> bool:

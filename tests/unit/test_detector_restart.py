@@ -75,6 +75,20 @@ def test_the_old_api_answering_without_its_engine_core_is_still_restarting() -> 
     assert after == [(12.0, "starting", "restarting"), (25.0, "idle", None)], after
 
 
+def test_an_engine_already_replaced_is_judged_at_its_first_answer() -> None:
+    """Supervise mode notes the restart once the next engine runs: its first answer ends the
+    restart even when nothing shows a new engine (an idle engine's counters were zero too)."""
+    idle = Eng(running=0, tokens=0)
+    obs: list[Observation] = [scrape(t, idle) for t in range(12)]
+    obs += [RestartObs(T0 + 12, "engine restarted", replaced=True)]
+    obs += [scrape(t, idle) for t in range(13, 20)]
+    seen = feed(obs)
+    assert [s for s in seen if s[0] >= 12] == [
+        (12.0, "starting", "restarting"),
+        (13.0, "idle", None),
+    ]
+
+
 def test_the_next_engine_gets_its_own_start_up_grace() -> None:
     _, obs = stalled_engine(12)
     obs += [RestartObs(T0 + 12), refused(13)]

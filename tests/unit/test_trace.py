@@ -19,6 +19,7 @@ from engine_watchdog.model import (
     Observation,
     ProcInfo,
     ProcsObs,
+    RestartObs,
 )
 from engine_watchdog.probes.metrics import RawScrape, parse_scrape
 from engine_watchdog.trace import TraceWriter, decode, encode, encode_scrape, read_trace
@@ -32,7 +33,7 @@ BODY = (
     'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 99.0\n'
     'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 1.0\n'
 )
-OBSERVATIONS: dict[str, HealthObs | CanaryObs | GpuObs | ProcsObs] = {
+OBSERVATIONS: dict[str, HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs] = {
     "health-200": HealthObs(T, 200),
     "health-timeout": HealthObs(T, None, error="timeout"),
     "canary-ok": CanaryObs(T, ok=True, latency_s=0.25, sent_t=T - 0.25),
@@ -53,10 +54,12 @@ OBSERVATIONS: dict[str, HealthObs | CanaryObs | GpuObs | ProcsObs] = {
             ProcInfo(13790, 13725, "worker", "VLLM::Worker", "sleeping", 1.5, ns_pid=41),
         ),
     ),
+    "restart": RestartObs(T, "SIGKILL sent to engine core [13725]"),
+    "restart-replaced": RestartObs(T, "engine restarted (pid 13801)", replaced=True),
 }
 SCRAPES = {
     "ok": RawScrape(T, status=200, body=BODY, elapsed_s=0.004),
-    "timeout": RawScrape(T, error="timeout", detail="http://x/metrics: timeout"),
+    "timeout": RawScrape(T, error="timeout", detail="http://x/metrics: timeout", elapsed_s=10.0),
     "refused": RawScrape(T, error="connection-refused"),
     "http-500": RawScrape(T, status=500, body="oops", elapsed_s=0.01),
     "no-series": RawScrape(T, status=200, body="python_info 1.0\n", elapsed_s=0.01),
