@@ -100,7 +100,8 @@ class RestartWindow:
 
     since: float | None = None
     gap: bool = False
-    """/metrics failed since the restart: whatever answers next is the new engine."""
+    """Whatever answers next is the new engine: /metrics failed since the restart, or the next
+    engine was already running when the restart was noted (supervise mode)."""
 
     def active(self, t: float, grace_s: float) -> bool:
         return self.since is not None and t - self.since < grace_s

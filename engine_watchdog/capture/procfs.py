@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from engine_watchdog.model import ProcInfo
-from engine_watchdog.probes.pidns import read_nspid
+from engine_watchdog.probes.pidns import read_nspid, read_status_field
 
 DIR_SCAN_MAX = 10_000
 ENVIRON_DENIED = "permission denied reading /proc/PID/environ"
@@ -52,7 +52,8 @@ def environ_of(proc_root: Path, pid: int) -> tuple[dict[str, str], int]:
     for _ in range(ANCESTOR_HOPS):
         if env:
             return env, current
-        parent = read_ppid(proc_root, current)
+        ppid = read_status_field(current, "PPid", proc_root)
+        parent = int(ppid) if ppid and ppid.isdigit() else None
         if parent is None or parent <= 1:
             break
         current = parent
@@ -70,16 +71,6 @@ def _parse_environ(raw: bytes) -> dict[str, str]:
         if sep and key:
             env[key.decode(errors="replace")] = value.decode(errors="replace")
     return env
-
-
-def read_ppid(proc_root: Path, pid: int) -> int | None:
-    """The parent PID from /proc/PID/stat (after the command name, which may hold spaces and
-    parentheses); None when it cannot be read."""
-    try:
-        stat_line = (proc_root / str(pid) / "stat").read_text(errors="replace")
-        return int(stat_line.rpartition(")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def read_environs(

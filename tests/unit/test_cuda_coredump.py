@@ -61,7 +61,7 @@ def test_an_environ_zeroed_by_setproctitle_is_read_from_the_parent(tmp_path: Pat
     fake_proc(tmp_path, 7, 7, {"CUDA_ENABLE_USER_TRIGGERED_COREDUMP": "1"}, tmp_path)
     child = fake_proc(tmp_path, 8, 8, {}, tmp_path)
     (child / "environ").write_bytes(b"\0" * 64)  # what setproctitle leaves
-    (child / "stat").write_text("8 (VLLM::Engine (1)) S 7 8 8\n")
+    (child / "status").write_text("Name:\tVLLM::EngineCor\nPPid:\t7\nNSpid:\t8\n")
     assert read_environ(tmp_path, 8) == {"CUDA_ENABLE_USER_TRIGGERED_COREDUMP": "1"}
     (tmp_path / "7" / "environ").write_bytes(b"")  # nothing to inherit either: empty
     assert read_environ(tmp_path, 8) == {}
