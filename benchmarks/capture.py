@@ -27,6 +27,7 @@ import aiohttp
 
 from engine_watchdog.capture.bundle import BundleSettings, write_bundle
 from engine_watchdog.capture.pyspy import pyspy_step
+from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.probes.procs import sample_procs_async
 from engine_watchdog.sim.launcher import SimProcess
 
@@ -84,7 +85,7 @@ async def _one_capture(url: str, incident_dir: Path) -> Sample:
     obs = await sample_procs_async(url)
     t1 = time.monotonic()
     res = await write_bundle(
-        BundleSettings(incident_dir=incident_dir, keep_count=1000),
+        BundleSettings(CaptureSettings(incident_dir=incident_dir, keep_count=1000)),
         None,
         obs.procs,
         [],

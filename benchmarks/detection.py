@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peers import PEERS, timeline
-from engine_watchdog.detector import Detector, DetectorSettings
+from engine_watchdog.core.detector import Detector, DetectorSettings
+from engine_watchdog.core.model import CanaryObs, Observation, State
 from engine_watchdog.engines import VLLM
-from engine_watchdog.model import CanaryObs, Observation, State
-from engine_watchdog.trace import decode
+from engine_watchdog.runtime.trace import decode
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 PROJECT_S = 900.0

@@ -17,8 +17,8 @@ import time
 
 import psutil
 
-from engine_watchdog.loadgen import StreamingLoad
 from engine_watchdog.sim.launcher import SimProcess
+from engine_watchdog.sim.loadgen import StreamingLoad
 
 
 def cpu_s(proc: psutil.Process) -> float:

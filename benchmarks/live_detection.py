@@ -3,7 +3,7 @@ load, time until ``engine-watchdog watch --json`` prints ``stalled``.
 
     .venv/bin/python -m benchmarks.live_detection [--runs 5] [--modes canary,no-canary]
 
-One vLLM server (tests/e2e/vllm_server.py; the venv and tiny model of tests/e2e/vllm_env.py)
+One vLLM server (tests/tools/vllm_server.py; the venv and tiny model of tests/tools/vllm_env.py)
 under 4 streaming clients for the whole measurement. Per mode, one ``watch`` process
 (``--action none --listen '' --no-gpu``, plus the mode's flags); per run: wait until the
 watcher says progressing and the load has streamed again, SIGSTOP the engine core, read the
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine_watchdog.loadgen import StreamingLoad
+from engine_watchdog.sim.loadgen import StreamingLoad
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = {
@@ -129,8 +129,8 @@ async def one_run(mode: str, watch: WatchProcess, load: StreamingLoad, pids: lis
 @contextlib.asynccontextmanager
 async def vllm_server() -> AsyncIterator[Any]:
     sys.path.insert(0, str(REPO))
-    from tests.e2e.vllm_env import ensure_vllm_env
-    from tests.e2e.vllm_server import start_server, stop_server
+    from tests.tools.vllm_env import ensure_vllm_env
+    from tests.tools.vllm_server import start_server, stop_server
 
     log = Path(tempfile.mkdtemp(prefix="live-detection-")) / "server.log"
     server = await asyncio.to_thread(start_server, ensure_vllm_env(), log)

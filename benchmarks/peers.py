@@ -36,8 +36,8 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from engine_watchdog.core.exposition import parse_samples
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.probes.exposition import parse_samples
 
 GENERATION = "vllm:generation_tokens_total"
 PROMPT = "vllm:prompt_tokens_total"

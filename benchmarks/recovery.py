@@ -4,7 +4,7 @@ stopped -> first successful completion after the restart, with the client outcom
     .venv/bin/python -m benchmarks.recovery [--runs 3] [--faults sigstop,deadlock,sigkill]
 
 One ``engine-watchdog run ... -- <vLLM> --enable-scale-out`` for the whole measurement (the
-harness of tests/e2e/test_recovery_harness.py: ``--stall-seconds 20 --canary-timeout 25
+harness of tests/tools/recovery_harness.py: ``--stall-seconds 20 --canary-timeout 25
 --action capture,abort,restart --abort-grace 5 --restart-backoff 0``), the test plugin loaded
 for the deadlock fault. Per run: 4 streaming clients, wait until the watchdog says progressing,
 inject the fault (SIGSTOP or SIGKILL of ``VLLM::EngineCore``, or the plugin's deadlock), let the
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.e2e.test_recovery_harness import (  # noqa: E402
+from tests.tools.recovery_harness import (  # noqa: E402
     FAULTS,
     Recovery,
     WatchdogOptions,
@@ -37,7 +37,7 @@ from tests.e2e.test_recovery_harness import (  # noqa: E402
     start_supervised,
     stop_supervised,
 )
-from tests.e2e.vllm_env import ensure_vllm_env  # noqa: E402
+from tests.tools.vllm_env import ensure_vllm_env  # noqa: E402
 
 
 def measure(faults: Sequence[str], runs: int, workdir: Path) -> list[Recovery]:

@@ -1,4 +1,4 @@
-from engine_watchdog.cli import main
+from engine_watchdog.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -27,7 +27,8 @@ from engine_watchdog.capture.retention import new_tmp_dir, prune, tar_into_place
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
 from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
 from engine_watchdog.capture.tools import resolve_tools, write_private
-from engine_watchdog.model import ProcInfo, Verdict
+from engine_watchdog.core.model import ProcInfo, Verdict
+from engine_watchdog.core.settings import CaptureSettings
 
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -38,28 +39,24 @@ class BundleError(Exception):
 
 @dataclass(frozen=True)
 class BundleSettings:
-    incident_dir: Path
-    """Where bundles go; created (0700) if missing."""
+    """One bundle's job: the operator's capture settings, and what this capture adds."""
+
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
+    """Where and how bundles are written (the --incident-dir, --engine-log, --tar options)."""
     engine: str = "vllm"
-    step_timeout_s: float = 20.0
-    """Each step's own bound (``CaptureContext.timeout_s``)."""
-    step_grace_s: float = 2.0
-    """Extra time before a step that overruns its own bound is abandoned."""
     destructive: bool = False
     """True only as part of a restart (lets a CUDA core dump run)."""
-    engine_log: Path | None = None
-    log_tail_bytes: int = 1 << 20
-    keep_count: int = 20
-    """Retention: at most this many bundles (oldest removed first)."""
-    keep_bytes: int = 2 << 30
-    """Retention: at most this many bytes of bundles in total (the newest is always kept)."""
-    tar: bool = False
-    """Write ``<name>.tar.gz`` instead of a directory."""
+    step_grace_s: float = 2.0
+    """Extra time before a step that overruns its own bound is abandoned."""
     tools: Mapping[str, str] | None = None
     """Tool paths (py-spy, cuda-gdb); None resolves them from PATH."""
     proc_root: Path = Path("/proc")
     clock: Callable[[], float] = time.time
     """Wall-clock seconds (tests pin it)."""
+
+    @property
+    def incident_dir(self) -> Path:
+        return self.capture.incident_dir
 
 
 @dataclass(frozen=True)
@@ -143,11 +140,12 @@ def _write_evidence(
     write_private(tmp / "processes.json", json.dumps(records, indent=2).encode())
     write_private(tmp / "versions.json", json.dumps(vers, indent=2).encode())
     write_private(tmp / "timeline.jsonl", evidence.timeline_jsonl(timeline))
-    if s.engine_log is not None:
+    log = s.capture.engine_log
+    if log is not None:
         try:
-            tail = evidence.log_tail(s.engine_log, s.log_tail_bytes)
+            tail = evidence.log_tail(log, s.capture.log_tail_bytes)
         except OSError as e:
-            tail = f"[engine-watchdog] could not read {s.engine_log}: {e.strerror}\n".encode()
+            tail = f"[engine-watchdog] could not read {log}: {e.strerror}\n".encode()
         write_private(tmp / "engine.log", tail)
     groups = load_groups(tmp, procs, source_reader(s.proc_root))
     summary = render_summary(replace(info, groups=groups))
@@ -168,7 +166,7 @@ async def write_bundle(
     tmp = await asyncio.to_thread(_make_tmp, settings.incident_dir, name)
     try:
         ctx = CaptureContext(
-            tmp, tuple(procs), settings.destructive, settings.step_timeout_s, tools
+            tmp, tuple(procs), settings.destructive, settings.capture.step_timeout_s, tools
         )
         results, vers = await asyncio.gather(
             _run_steps(steps, ctx, settings.step_grace_s), evidence.versions(tools.get("py-spy"))
@@ -188,7 +186,11 @@ async def write_bundle(
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
         raise
     removed = await asyncio.to_thread(
-        prune, settings.incident_dir, settings.keep_count, settings.keep_bytes, final.name
+        prune,
+        settings.incident_dir,
+        settings.capture.keep_count,
+        settings.capture.keep_bytes,
+        final.name,
     )
     return BundleResult(final, manifest, tuple(results), time.monotonic() - t0, tuple(removed))
 
@@ -201,7 +203,7 @@ def _make_tmp(incident_dir: Path, name: str) -> Path:
 
 
 def _into_place(tmp: Path, s: BundleSettings, name: str) -> Path:
-    if s.tar:
+    if s.capture.tar:
         return tar_into_place(tmp, s.incident_dir, name)
     final = s.incident_dir / name
     n = 1

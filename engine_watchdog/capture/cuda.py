@@ -35,13 +35,14 @@ from engine_watchdog.capture.procfs import (
     own_pid,
     pattern_regex,
     proc_view,
+    read_environ,
     read_environs,
     split_static,
     trigger_and_wait,
 )
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
 from engine_watchdog.capture.tools import copy_private, run_bounded, write_private
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.core.model import ProcInfo
 
 NAME = "cuda-coredump"
 ENABLE_VAR = "CUDA_ENABLE_USER_TRIGGERED_COREDUMP"
@@ -97,6 +98,17 @@ class CoreTarget:
 
     def core_dir(self) -> Path | None:
         return None if self._dir_fd is None else Path(f"/proc/{os.getpid()}/fd/{self._dir_fd}")
+
+
+def core_dump_enabled(procs: Iterable[ProcInfo], proc_root: Path = Path("/proc")) -> bool:
+    """Some engine process was started with the user-triggered core dump armed (blocking)."""
+    for p in procs:
+        try:
+            if read_environ(proc_root, p.pid).get(ENABLE_VAR) == "1":
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def discover(proc_root: Path, procs: Iterable[ProcInfo]) -> tuple[list[CoreTarget], dict[int, str]]:

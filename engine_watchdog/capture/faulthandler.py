@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.probes.pidns import read_status_field
 
 STEP_NAME = "faulthandler"

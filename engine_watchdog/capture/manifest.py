@@ -18,7 +18,7 @@ from typing import Any
 from engine_watchdog import __version__
 from engine_watchdog.capture.step import StepResult
 from engine_watchdog.capture.tools import write_private
-from engine_watchdog.model import ProcInfo, Verdict
+from engine_watchdog.core.model import ProcInfo, Verdict
 
 SCHEMA = "engine-watchdog/bundle"
 SCHEMA_VERSION = 1

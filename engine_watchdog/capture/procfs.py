@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.probes.pidns import read_nspid, read_status_field
 
 DIR_SCAN_MAX = 10_000

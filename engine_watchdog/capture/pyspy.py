@@ -25,7 +25,7 @@ from typing import Any
 
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
 from engine_watchdog.capture.tools import Completed, run_bounded, write_private
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.core.model import ProcInfo
 
 STEP_NAME = "py-spy"
 

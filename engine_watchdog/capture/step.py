@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.core.model import ProcInfo
 
 StepStatus = Literal["ok", "partial", "timeout", "permission-denied", "not-available", "failed"]
 

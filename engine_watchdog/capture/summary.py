@@ -22,7 +22,7 @@ from engine_watchdog.capture.frames import (
     thread_label,
 )
 from engine_watchdog.capture.step import StepResult
-from engine_watchdog.model import ProcInfo, Verdict
+from engine_watchdog.core.model import ProcInfo, Verdict
 
 # Thread states worth a headline line even off the main thread.
 _NOTABLE = frozenset({"cuda-sync", "collective", "gil", "lock", "running"})

@@ -41,6 +41,17 @@ def resolve_tools(path: str | None = None) -> dict[str, str]:
     return {name: p for name, p in found.items() if p}
 
 
+def tools_with(py_spy: str | None) -> dict[str, str]:
+    """The tools found, with the operator's own py-spy where given (left out if it is not an
+    executable file: the py-spy step then says it is missing)."""
+    tools = resolve_tools()
+    if py_spy is not None:
+        tools.pop("py-spy", None)
+        if Path(py_spy).is_file() and os.access(py_spy, os.X_OK):
+            tools["py-spy"] = str(Path(py_spy).resolve())
+    return tools
+
+
 @dataclass(frozen=True)
 class Completed:
     """A finished (or killed) subprocess."""

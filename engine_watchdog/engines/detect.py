@@ -13,9 +13,9 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from engine_watchdog.core.exposition import series_names
 from engine_watchdog.engines import PROFILES, TRTLLM
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.probes.exposition import series_names
 
 SHOWN_NAMES = 5
 """Series names quoted in an "unknown engine" message."""

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import aiohttp
 
+from engine_watchdog.core.model import CanaryObs
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.model import CanaryObs
-from engine_watchdog.probes.metrics import error_code
+from engine_watchdog.net.http import error_code
 
 _ids = itertools.count(1)
 

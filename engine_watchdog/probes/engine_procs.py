@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import psutil
 
+from engine_watchdog.core.model import ProcInfo, ProcsObs
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.model import ProcInfo, ProcsObs
 from engine_watchdog.probes.procs import normalise_state, sample_procs
 
 

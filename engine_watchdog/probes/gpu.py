@@ -4,8 +4,7 @@ The NVML module is passed in (``pynvml`` from nvidia-ml-py on a real host, a sma
 tests) and so is ``/proc``: the same code runs on a GPU machine and in CI. Every call blocks:
 the watch loop runs :meth:`GpuProbe.sample` through ``asyncio.to_thread``.
 
-:func:`classify_gpu` is pure and tells a GPU that computes from one that spins without doing
-anything (a kernel waiting for a peer) and from one that is idle (the host side is stuck).
+Each sample is classified by the pure :func:`engine_watchdog.core.gpu_class.classify_gpu`.
 """
 
 from __future__ import annotations
@@ -16,53 +15,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from engine_watchdog.model import GpuInfo, GpuObs
+from engine_watchdog.core.gpu_class import GpuClass, classify_gpu
+from engine_watchdog.core.model import GpuInfo, GpuObs
 from engine_watchdog.probes.gpm import Device, GpmSampler
 from engine_watchdog.probes.pidns import map_pids
 from engine_watchdog.probes.xid import XidEvent, XidEvents
 
-GpuClass = Literal["computing", "spinning", "idle", "unknown"]
-
-# Thresholds from FACTS.md, GPU section (seen on an H200, driver 580): a kernel spin-waiting for a
-# peer showed NVML utilization 100 % with GPM tensor 0.0 % and DRAM bandwidth 0.0 % (SM util 100 %
-# for a spin kernel, only 18 % for a stuck NCCL all-reduce, so SM util is not a criterion); a
-# host-side deadlock shows utilization 0 %; real decoding shows tensor activity or DRAM traffic.
-BUSY_UTIL_MIN_PCT = 90.0
-"""NVML utilization at or above this, with no tensor and no DRAM activity: spinning."""
-IDLE_UTIL_MAX_PCT = 1.0
-"""NVML utilization at or below this (FACTS saw exactly 0; 1 tolerates a stray kernel): idle."""
-TENSOR_ACTIVE_MIN_PCT = 1.0
-"""GPM tensor activity above this is real work (the spin showed 0.0)."""
-DRAM_ACTIVE_MIN_PCT = 1.0
-"""GPM DRAM bandwidth above this is real work (the spin showed 0.0; decode is memory-bound)."""
-
 # NVML ids (nvml.h); numbers rather than module attributes so older nvidia-ml-py releases and
 # the test fake need not define every name.
 NVML_CLOCK_SM = 1
-
-
-def classify_gpu(info: GpuInfo) -> GpuClass:
-    """Computing, spinning, idle or unknown, from one GPU's sample (thresholds above)."""
-    if _above(info.tensor_pct, TENSOR_ACTIVE_MIN_PCT) or _above(info.dram_pct, DRAM_ACTIVE_MIN_PCT):
-        return "computing"
-    if info.util_pct is None:
-        return "unknown"
-    if info.util_pct <= IDLE_UTIL_MAX_PCT:
-        return "idle"
-    # Without GPM (before Hopper) a busy GPU cannot be told apart from a spinning one.
-    if (
-        info.util_pct >= BUSY_UTIL_MIN_PCT
-        and info.tensor_pct is not None
-        and info.dram_pct is not None
-    ):
-        return "spinning"
-    return "unknown"
-
-
-def _above(value: float | None, threshold: float) -> bool:
-    return value is not None and value > threshold
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from engine_watchdog.core.exposition import Sample, is_number, parse_samples, series_names
+from engine_watchdog.core.model import EngineSample, ScrapeObs
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.model import EngineSample, ScrapeObs
-from engine_watchdog.probes.exposition import Sample, is_number, parse_samples, series_names
+from engine_watchdog.net.http import error_code
 
 GAUGE_MARK = "~"
 """Prefix of progress keys carried by gauges (any change is progress, a drop no restart)."""
@@ -28,17 +29,6 @@ class RawScrape:
     elapsed_s: float | None = None
     error: str | None = None
     detail: str | None = None
-
-
-def error_code(exc: BaseException) -> str:
-    """A short, stable code for an HTTP failure (used in verdicts, metrics and traces)."""
-    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
-        return "timeout"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "connection-refused"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "disconnected"
-    return "http-error"
 
 
 async def fetch_text(

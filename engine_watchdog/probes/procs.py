@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from engine_watchdog.core.model import ProcInfo, ProcsObs
 from engine_watchdog.engines import VLLM, EngineProfile
-from engine_watchdog.model import ProcInfo, ProcsObs
 from engine_watchdog.probes.pidns import read_ns_pid
 from engine_watchdog.probes.proctable import ProcTable, PsutilTable, RawProc
 

@@ -10,32 +10,13 @@ clients are answered; it cannot unblock the engine, so a stall that persists esc
 
 from __future__ import annotations
 
-import asyncio
 import json
-from dataclasses import dataclass
 
 import aiohttp
 
+from engine_watchdog.core.model import Outcome, Result
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.probes.metrics import error_code
-
-
-@dataclass(frozen=True)
-class AbortOutcome:
-    result: str
-    """ok | not-available | failed"""
-    detail: str
-
-
-async def _post(
-    session: aiohttp.ClientSession, url: str, body: dict[str, object], timeout_s: float
-) -> tuple[int | None, str]:
-    try:
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with session.post(url, json=body, timeout=timeout) as resp:
-            return resp.status, (await resp.text())[:200]
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return None, error_code(exc)
+from engine_watchdog.net.http import post_json
 
 
 async def abort_requests(
@@ -44,14 +25,14 @@ async def abort_requests(
     profile: EngineProfile,
     known_ids: list[str],
     timeout_s: float = 5.0,
-) -> AbortOutcome:
+) -> Outcome:
     """Try the profile's abort endpoints, most useful first; say what happened."""
     tried = []
     if profile.abort_all is not None:  # an engine's own "abort everything" (SGLang)
         path, body_text = profile.abort_all
-        status, text = await _post(session, base_url + path, json.loads(body_text), timeout_s)
+        status, text = await post_json(session, base_url + path, json.loads(body_text), timeout_s)
         if status == 200:
-            return AbortOutcome("ok", f"POST {path} {body_text}: aborted all in-flight requests")
+            return Outcome(Result.OK, f"POST {path} {body_text}: aborted all in-flight requests")
         tried.append(f"{path}: {status or text}")
     for path in sorted(profile.abort_paths, key=lambda p: p != "/abort_requests"):
         if profile.abort_all is not None and path == profile.abort_all[0]:
@@ -63,10 +44,10 @@ async def abort_requests(
             tried.append(f"{path}: no request ids known")
             continue
         body: dict[str, object] = {} if all_requests else {"request_ids": known_ids}
-        status, text = await _post(session, base_url + path, body, timeout_s)
+        status, text = await post_json(session, base_url + path, body, timeout_s)
         if status == 200:
             what = "all in-flight requests" if all_requests else f"{len(known_ids)} request(s)"
-            return AbortOutcome("ok", f"POST {path}: aborted {what}")
+            return Outcome(Result.OK, f"POST {path}: aborted {what}")
         tried.append(f"{path}: {status or text}")
     hint = (
         ". vLLM offers one with VLLM_SERVER_DEV_MODE=1 (abort all) or --enable-scale-out (by id)"
@@ -74,4 +55,4 @@ async def abort_requests(
         else ""
     )
     what = "; ".join(tried) or f"{profile.name} has none"
-    return AbortOutcome("not-available", f"no abort endpoint accepted ({what}){hint}")
+    return Outcome(Result.NOT_AVAILABLE, f"no abort endpoint accepted ({what}){hint}")

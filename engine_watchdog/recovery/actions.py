@@ -1,135 +1,136 @@
-"""The ladder's actions against a real engine: capture, abort, restart (Actions protocol)."""
+"""The ladder's actions against a real engine: capture, abort, restart (the supervisor's
+``Actions`` protocol).
+
+Recovery never probes: what it needs to know of the engine comes through :class:`EngineHandle`,
+which the runtime implements over its watcher (the process finder included).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
+from typing import Any, Protocol
 
 import aiohttp
 
 from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bundle
-from engine_watchdog.capture.cuda import ENABLE_VAR
-from engine_watchdog.capture.procfs import read_environ
+from engine_watchdog.capture.cuda import ENABLE_VAR, core_dump_enabled
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
-from engine_watchdog.model import Outcome, ProcInfo, Verdict
-from engine_watchdog.probes.procs import sample_procs_async
+from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
+from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
+from engine_watchdog.engines.profile import EngineProfile
+from engine_watchdog.net.http import get_json
 from engine_watchdog.recovery.abort import abort_requests
 from engine_watchdog.recovery.restart import kill_engine_core, run_restart_command
-from engine_watchdog.watcher import Watcher
 
 log = logging.getLogger(__name__)
 StepsFactory = Callable[[bool], Sequence[CaptureStep]]
 """destructive -> the capture steps to run."""
 Restarter = Callable[[float], Awaitable[Outcome]]
 """stalled_since -> outcome (supervise mode's ChildEngine.restart)."""
+PAUSED_TIMEOUT_S = 2.0
 
 
-@dataclass(frozen=True)
-class RecoverySettings:
-    bundle: BundleSettings
-    """Where and how incident bundles are written."""
-    restart_command: tuple[str, ...] = ()
-    """Run this (no shell) to restart the engine instead of killing its engine core."""
-    restart_timeout_s: float = 120.0
-    """Bound for --restart-command."""
+class EngineHandle(Protocol):
+    """What the actions may know of the engine they act on, and the one thing they tell it."""
 
+    @property
+    def target(self) -> str:
+        """The engine's base URL."""
 
-def _core_dump_enabled(p: ProcInfo) -> bool:
-    try:
-        return read_environ(Path("/proc"), p.pid).get(ENABLE_VAR) == "1"
-    except OSError:
-        return False
+    @property
+    def session(self) -> aiohttp.ClientSession: ...
+
+    @property
+    def profile(self) -> EngineProfile:
+        """The engine's profile (resolved by now where it was "auto")."""
+
+    def known_request_ids(self) -> list[str]:
+        """Engine-side ids of requests in flight that we know (our canaries)."""
+
+    def recent_records(self) -> list[dict[str, Any]]:
+        """The recorded observations of the last minutes (the bundle's timeline)."""
+
+    def sees_processes(self) -> bool:
+        """The engine's processes are visible here (a sidecar or the same machine)."""
+
+    async def find_procs(self) -> tuple[ProcInfo, ...]:
+        """The engine's processes, discovered afresh."""
+
+    def note_restart(self, detail: str, replaced: bool = False) -> None:
+        """The watchdog ended the engine so that it restarts (``replaced``: the next one runs)."""
 
 
 class EngineActions:
-    """Acts on the engine a Watcher watches."""
+    """Acts on the engine behind an :class:`EngineHandle`."""
 
     def __init__(
         self,
-        watcher: Watcher,
-        settings: RecoverySettings,
+        engine: EngineHandle,
+        capture: CaptureSettings,
+        recovery: RecoverySettings,
         steps: StepsFactory,
         restarter: Restarter | None = None,
         on_bundle: Callable[[str, str], None] | None = None,
     ) -> None:
-        self.watcher = watcher
-        self.settings = settings
+        self.engine = engine
+        self.capture_settings = capture
+        self.recovery = recovery
         self.steps = steps
         self.restarter = restarter
         self.on_bundle = on_bundle
         self.last_bundle: str | None = None
 
-    async def _procs(self) -> tuple[ProcInfo, ...]:
-        w = self.watcher
-        pids = w.settings.probe.pids
-        obs = await sample_procs_async(None if pids else w.target, pids, profile=w.profile)
-        return obs.procs
-
     async def capture(self, verdict: Verdict, destructive: bool) -> Outcome:
-        procs = await self._procs()
-        if destructive and not any(map(_core_dump_enabled, procs)):
-            return Outcome("skipped", f"no engine process has {ENABLE_VAR}=1: no CUDA core dump")
-        # The profile's name, not the setting: "--engine auto" is resolved by now.
-        bundle = replace(
-            self.settings.bundle, destructive=destructive, engine=self.watcher.profile.name
-        )
-        if destructive:
-            bundle = replace(bundle, step_timeout_s=DESTRUCTIVE_STEP_TIMEOUT_S)
-        try:
-            result = await write_bundle(
-                bundle,
-                verdict,
-                procs,
-                list(self.watcher.timeline),
-                self.steps(destructive),
+        procs = await self.engine.find_procs()
+        if destructive and not await asyncio.to_thread(core_dump_enabled, procs):
+            return Outcome(
+                Result.SKIPPED, f"no engine process has {ENABLE_VAR}=1: no CUDA core dump"
             )
+        capture = self.capture_settings
+        if destructive:
+            capture = replace(capture, step_timeout_s=DESTRUCTIVE_STEP_TIMEOUT_S)
+        # The profile's name, not the setting: "--engine auto" is resolved by now.
+        bundle = BundleSettings(capture, engine=self.engine.profile.name, destructive=destructive)
+        timeline = self.engine.recent_records()
+        try:
+            result = await write_bundle(bundle, verdict, procs, timeline, self.steps(destructive))
         except BundleError as exc:
-            return Outcome("failed", str(exc))
+            return Outcome(Result.FAILED, str(exc))
         self.last_bundle = str(result.path)
         if self.on_bundle:
-            self.on_bundle(self.watcher.target, verdict.cause or "no-progress")
+            self.on_bundle(self.engine.target, verdict.cause or Cause.NO_PROGRESS)
         statuses = ", ".join(f"{s.name} {s.status}" for s in result.steps)
-        return Outcome("ok", f"bundle {result.path} in {result.elapsed_s:.1f} s ({statuses})")
+        return Outcome(Result.OK, f"bundle {result.path} in {result.elapsed_s:.1f} s ({statuses})")
 
     async def abort(self) -> Outcome:
-        w = self.watcher
-        done = await abort_requests(w.session, w.target, w.profile, sorted(w.canary.pending))
-        return Outcome(done.result, done.detail)
+        e = self.engine
+        return await abort_requests(e.session, e.target, e.profile, sorted(e.known_request_ids()))
 
     async def restart(self, stalled_since: float) -> Outcome:
         if self.restarter is not None:
             done = await self.restarter(stalled_since)
-        elif self.settings.restart_command:
+        elif self.recovery.restart_command:
             done = await run_restart_command(
-                self.settings.restart_command, self.settings.restart_timeout_s
+                self.recovery.restart_command, self.recovery.restart_timeout_s
             )
         else:
-            done = await asyncio.to_thread(kill_engine_core, await self._procs(), stalled_since)
-        if done.result == "ok":  # what follows is a start-up we caused, not a death
+            procs = await self.engine.find_procs()
+            done = await asyncio.to_thread(kill_engine_core, procs, stalled_since)
+        if done.result == Result.OK:  # what follows is a start-up we caused, not a death
             # Supervise mode's restarter has started the next engine before it returns.
             replaced = self.restarter is not None
-            self.watcher.note_restart(f"restarted by the watchdog: {done.detail}", replaced)
-        return Outcome(done.result, done.detail)
+            self.engine.note_restart(f"restarted by the watchdog: {done.detail}", replaced)
+        return done
 
     async def paused(self) -> bool:
         """vLLM dev mode's /is_paused; it waits on a hung engine's loop, so a timeout is 'no'."""
-        w = self.watcher
-        try:
-            timeout = aiohttp.ClientTimeout(total=2.0)
-            async with w.session.get(w.target + "/is_paused", timeout=timeout) as resp:
-                if resp.status != 200:
-                    return False
-                doc = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return False
+        e = self.engine
+        doc = await get_json(e.session, e.target + "/is_paused", PAUSED_TIMEOUT_S)
         return bool(isinstance(doc, dict) and doc.get("is_paused"))
 
     def same_host(self) -> bool:
-        """The engine's processes are visible here (a sidecar or the same machine)."""
-        return any(
-            r.get("kind") == "procs" and r.get("procs") for r in list(self.watcher.timeline)[-20:]
-        )
+        return self.engine.sees_processes()

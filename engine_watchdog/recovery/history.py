@@ -12,6 +12,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from engine_watchdog.core.model import Action, Result
+from engine_watchdog.core.settings import RateLimit
+
 log = logging.getLogger(__name__)
 KEEP_LINES = 1000
 
@@ -23,16 +26,6 @@ class ActionRecord:
     action: str
     result: str
     detail: str = ""
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    max_restarts: int = 3
-    """At most this many restarts per window."""
-    window_s: float = 3600.0
-    """The window the limit counts over."""
-    backoff_s: float = 30.0
-    """After the n-th restart in the window, wait backoff_s * 2**(n-1) before the next."""
 
 
 class ActionHistory:
@@ -71,8 +64,8 @@ class ActionHistory:
             r.t
             for r in self.records
             if r.target == target
-            and r.action == "restart"
-            and r.result in ("ok", "failed")
+            and r.action == Action.RESTART
+            and r.result in (Result.OK, Result.FAILED)
             and now - r.t < limit.window_s
         ]
         if len(done) >= limit.max_restarts:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import psutil
 
-from engine_watchdog.model import Outcome, ProcInfo
+from engine_watchdog.core.model import Outcome, ProcInfo, Result
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Outcome
     cores = [p for p in procs if p.role == "engine-core" and p.state not in ("gone", "zombie")]
     if not cores:
         return Outcome(
-            "skipped",
+            Result.SKIPPED,
             "no live engine-core process: the engine already ended, or its processes are not "
             "visible here (pass --pid, or give --restart-command)",
         )
@@ -54,8 +54,8 @@ def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Outcome
         except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
             failed.append(f"{p.pid} ({type(exc).__name__})")
     if not killed:
-        return Outcome("failed", "could not kill the engine core: " + ", ".join(failed))
-    return Outcome("ok", f"SIGKILL sent to engine core {killed}; its supervisor restarts it")
+        return Outcome(Result.FAILED, "could not kill the engine core: " + ", ".join(failed))
+    return Outcome(Result.OK, f"SIGKILL sent to engine core {killed}; its supervisor restarts it")
 
 
 async def run_restart_command(command: Sequence[str], timeout_s: float) -> Outcome:
@@ -68,14 +68,14 @@ async def run_restart_command(command: Sequence[str], timeout_s: float) -> Outco
             start_new_session=True,
         )
     except OSError as exc:
-        return Outcome("failed", f"--restart-command could not start: {exc}")
+        return Outcome(Result.FAILED, f"--restart-command could not start: {exc}")
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     except asyncio.TimeoutError:
         os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
-        return Outcome("failed", f"--restart-command ran past {timeout_s:.0f} s; killed")
+        return Outcome(Result.FAILED, f"--restart-command ran past {timeout_s:.0f} s; killed")
     tail = out.decode(errors="replace").strip().splitlines()[-1:] if out else []
     if proc.returncode != 0:
-        return Outcome("failed", f"--restart-command exited {proc.returncode}: {tail}")
-    return Outcome("ok", "--restart-command succeeded")
+        return Outcome(Result.FAILED, f"--restart-command exited {proc.returncode}: {tail}")
+    return Outcome(Result.OK, "--restart-command succeeded")

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import psutil
 
-from engine_watchdog.model import Outcome
-from engine_watchdog.recovery.history import ActionHistory, ActionRecord, RateLimit
+from engine_watchdog.core.model import Action, Outcome, Result
+from engine_watchdog.core.settings import RateLimit
+from engine_watchdog.recovery.history import ActionHistory, ActionRecord
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 15.0
@@ -71,15 +72,17 @@ class ChildEngine:
         """The supervisor's restart (rate limit already checked); never two for one death."""
         async with self._lock:
             if self.started_t > stalled_since:
-                return Outcome("skipped", "the engine was restarted after the stall began")
+                return Outcome(Result.SKIPPED, "the engine was restarted after the stall began")
             exited = self.proc is not None and self.proc.returncode is not None
             if exited and not self.limited:
-                return Outcome("skipped", "the engine exited by itself; supervise mode restarts it")
+                return Outcome(
+                    Result.SKIPPED, "the engine exited by itself; supervise mode restarts it"
+                )
             await self._stop()
             await self.start()
             self.restarts += 1
             self.limited = False
-        return Outcome("ok", f"engine restarted (pid {self.proc.pid if self.proc else '?'})")
+        return Outcome(Result.OK, f"engine restarted (pid {self.proc.pid if self.proc else '?'})")
 
     async def watch_exits(self) -> None:
         """Long-lived task: restart the engine when it exits on its own."""
@@ -100,10 +103,14 @@ class ChildEngine:
         allowed, why = self.history.restart_allowed(self.target, now, self.rate_limit)
         if not allowed:
             log.error("engine exited (%d); not restarting: %s", rc, why)
-            self.history.add(ActionRecord(now, self.target, "restart", "rate_limited", why))
+            self.history.add(
+                ActionRecord(now, self.target, Action.RESTART, Result.RATE_LIMITED, why)
+            )
             return False
         log.warning("engine exited with code %d; restarting it", rc)
-        self.history.add(ActionRecord(now, self.target, "restart", "ok", f"engine exited ({rc})"))
+        self.history.add(
+            ActionRecord(now, self.target, Action.RESTART, Result.OK, f"engine exited ({rc})")
+        )
         await self.start()
         self.restarts += 1
         return True

@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from engine_watchdog.model import Outcome, State, Transition, Verdict
+from engine_watchdog.core.model import Cause, Outcome, Result, State, Transition, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class AlertmanagerReporter:
         try:
             now = self.clock()
             result = outcome.result if outcome else "started"
-            bad = result in ("failed", "rate_limited")
+            bad = result in (Result.FAILED, Result.RATE_LIMITED)
             labels = {
                 **self.extra_labels,
                 "alertname": ACTION_ALERTNAME,
@@ -176,7 +176,7 @@ class AlertmanagerReporter:
             self._fail(f"on_action: {exc!r}")
 
     def _alert(self, target: str, v: Verdict) -> Alert:
-        cause = v.cause or "no-progress"
+        cause = v.cause or Cause.NO_PROGRESS
         labels = {
             **self.extra_labels,
             "alertname": ALERTNAME,

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from engine_watchdog.model import State, Transition, Verdict
+from engine_watchdog.core.model import State, Transition, Verdict
 
 
 def clock_text(t: float) -> str:
@@ -28,9 +28,14 @@ def verdict_dict(v: Verdict, target: str) -> dict[str, Any]:
 
 
 def transition_line(change: Transition, target: str) -> str:
+    return f"{clock_text(change.new.t)} {target} {transition_text(change)}"
+
+
+def transition_text(change: Transition) -> str:
+    """The transition without time or target: ``engine 0: progressing -> stalled (...)``."""
     v = change.new
     old = change.old.value if change.old else "-"
-    text = f"{clock_text(v.t)} {target} engine {v.engine}: {old} -> {v.state.value}"
+    text = f"engine {v.engine}: {old} -> {v.state.value}"
     if v.cause:
         text += f" ({v.cause})"
     if v.state in (State.SUSPECT, State.STALLED) and v.seconds_without_progress:

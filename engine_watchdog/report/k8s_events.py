@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from engine_watchdog.model import Outcome, State, Transition, Verdict
+from engine_watchdog.core.model import Outcome, State, Transition, Verdict
 
 log = logging.getLogger(__name__)
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

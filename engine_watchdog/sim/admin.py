@@ -64,16 +64,24 @@ class AdminHandlers:
         return routes
 
     async def scale_out_abort(self, request: web.Request) -> web.Response:
+        """vLLM's scale-out endpoint needs the ids (400 without them)."""
         if not self.settings.enable_scale_out:
             return web.json_response({"error": SCALE_OUT_DISABLED}, status=403)
-        return await self.abort(request)
+        return await self._abort(request, all_if_empty=False)
 
     async def abort(self, request: web.Request) -> web.Response:
+        """Dev mode's endpoint: empty or missing request_ids abort every in-flight request
+        (vLLM 0.32 entrypoints/rl/online/api_router.py)."""
+        return await self._abort(request, all_if_empty=True)
+
+    async def _abort(self, request: web.Request, all_if_empty: bool) -> web.Response:
         try:
-            body = await request.json()
+            body = await request.json() if request.can_read_body else {}
         except ValueError:
             body = None
         ids = body.get("request_ids") if isinstance(body, dict) else None
+        if all_if_empty and isinstance(body, dict) and not ids:
+            ids = list(self.group.requests)
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             return bad_request('expected {"request_ids": ["...", ...]}', "request_ids").response()
         return web.json_response({"aborted": self.group.abort(ids)})

@@ -21,7 +21,8 @@ from typing import Any
 
 from engine_watchdog.sim import protocol as p
 from engine_watchdog.sim.loggers import LoggingStatLogger
-from engine_watchdog.sim.metrics import FinishedRequest, IterationStats, SimMetrics
+from engine_watchdog.sim.metrics import SimMetrics
+from engine_watchdog.sim.protocol import FinishedRequest, IterationStats
 from engine_watchdog.sim.settings import SimSettings
 
 log = logging.getLogger("engine_watchdog.sim.client")

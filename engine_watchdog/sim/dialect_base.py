@@ -9,8 +9,7 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
-from engine_watchdog.sim.metrics import IterationStats
-from engine_watchdog.sim.protocol import SchedulerStats
+from engine_watchdog.sim.protocol import IterationStats, SchedulerStats
 from engine_watchdog.sim.settings import SimSettings
 
 Labels = tuple[tuple[str, str], ...]

@@ -20,8 +20,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from engine_watchdog.sim.dialect_base import Dialect, Labels, families
-from engine_watchdog.sim.metrics import IterationStats
-from engine_watchdog.sim.protocol import SchedulerStats
+from engine_watchdog.sim.protocol import IterationStats, SchedulerStats
 from engine_watchdog.sim.settings import SimSettings
 
 

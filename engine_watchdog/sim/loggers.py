@@ -8,8 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
-from engine_watchdog.sim.metrics import IterationStats
-from engine_watchdog.sim.protocol import SchedulerStats
+from engine_watchdog.sim.protocol import IterationStats, SchedulerStats
 
 logger = logging.getLogger("engine_watchdog.sim.loggers")
 

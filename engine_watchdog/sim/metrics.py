@@ -9,8 +9,6 @@ a simulator never touches prometheus_client's global one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -23,16 +21,14 @@ from prometheus_client import (
     generate_latest,
 )
 
-from engine_watchdog.sim.protocol import SchedulerStats
+from engine_watchdog.sim.dialect_base import Dialect
+from engine_watchdog.sim.dialects import make_dialect
+from engine_watchdog.sim.protocol import LABELS, IterationStats, SchedulerStats
 from engine_watchdog.sim.settings import SimSettings
-
-if TYPE_CHECKING:
-    from engine_watchdog.sim.dialect_base import Dialect
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 BLOCK_SIZE = 16
-LABELS = ("model_name", "engine")
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 TTFT_BUCKETS = (
     *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0),
@@ -42,26 +38,6 @@ E2E_BUCKETS = (
     *(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0),
     *(120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
 )
-
-
-@dataclass(frozen=True)
-class FinishedRequest:
-    """A request the engine finished, as the API process saw it."""
-
-    finish_reason: str
-    e2e_latency: float
-    prompt_tokens: int
-    generation_tokens: int
-
-
-@dataclass
-class IterationStats:
-    """What one batch of engine outputs did (vLLM: IterationStats, made in the API process)."""
-
-    num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
-    time_to_first_tokens: list[float] = field(default_factory=list)
-    finished: list[FinishedRequest] = field(default_factory=list)
 
 
 def build_1_2_5_buckets(limit: int) -> list[float]:
@@ -203,9 +179,6 @@ class SimMetrics:
         self._engines: dict[int, _Engine] = {}
         self._dialect: Dialect | None = None
         if settings.dialect != "vllm":
-            # Imported here: dialects.py builds on this module's IterationStats.
-            from engine_watchdog.sim.dialects import make_dialect
-
             self._dialect = make_dialect(settings)
             return
         # vLLM exports the default collectors too (it uses the global registry).

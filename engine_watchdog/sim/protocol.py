@@ -93,3 +93,27 @@ def decode(line: bytes) -> tuple[str, dict[str, Any]]:
     if not isinstance(msg, dict) or not isinstance(msg.get("body"), dict):
         raise ValueError(f"not a simulator message: {line[:80]!r}")
     return str(msg["kind"]), msg["body"]
+
+
+LABELS = ("model_name", "engine")
+"""Labels on every engine series (vLLM: model_name, and engine per data-parallel rank)."""
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    """A request the engine finished, as the API process saw it."""
+
+    finish_reason: str
+    e2e_latency: float
+    prompt_tokens: int
+    generation_tokens: int
+
+
+@dataclass
+class IterationStats:
+    """What one batch of engine outputs did (vLLM: IterationStats, made in the API process)."""
+
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    finished: list[FinishedRequest] = field(default_factory=list)

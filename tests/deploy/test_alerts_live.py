@@ -25,9 +25,9 @@ import aiohttp
 import pytest
 import yaml
 
-from engine_watchdog.loadgen import StreamingLoad
-from engine_watchdog.sim.launcher import SimProcess
-from tests.deploy.tools import PROMETHEUS_DIR, free_port, process, tool, wait_http
+from engine_watchdog.sim.launcher import SimProcess, free_port
+from engine_watchdog.sim.loadgen import StreamingLoad
+from tests.deploy.tools import PROMETHEUS_DIR, process, tool, wait_http
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -56,12 +55,6 @@ def run(argv: Sequence[str], timeout: float = 60, cwd: Path | None = None) -> st
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes] | None, within_s: float) -> None:

@@ -12,7 +12,7 @@ happened. When a test fails, the tail of each live server's log is added to its 
 
 The vLLM venv and the tiny model are prepared once, after collection and before the first test,
 only when e2e tests were selected, so their cost (minutes, cold) stays outside the per-test
-timeout. ``python tests/e2e/vllm_env.py`` does it ahead of time.
+timeout. ``python tests/tools/vllm_env.py`` does it ahead of time.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 
 import pytest
 
-from .vllm_env import VllmEnv, VllmEnvError, ensure_vllm_env
-from .vllm_server import LIVE_SERVERS, VllmServer, start_server, stop_server
+from tests.tools.vllm_env import VllmEnv, VllmEnvError, ensure_vllm_env
+from tests.tools.vllm_server import LIVE_SERVERS, VllmServer, start_server, stop_server
 
 ServerFactory = Callable[..., VllmServer]
 
@@ -121,7 +121,7 @@ def pytest_runtest_makereport(
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The recovery measurements of test_recovery.py (times from the fault), if it ran."""
-    from .test_recovery_harness import REPORT_LINES
+    from tests.tools.recovery_harness import REPORT_LINES
 
     if REPORT_LINES:
         terminalreporter.section("recovery on a real vLLM (seconds from the fault)")

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import psutil
 
-from engine_watchdog.loadgen import StreamingLoad
-
-from .vllm_env import REPO_ROOT, ensure_vllm_env
-from .vllm_server import (
+from engine_watchdog.sim.loadgen import StreamingLoad
+from tests.tools.vllm_env import REPO_ROOT, ensure_vllm_env
+from tests.tools.vllm_server import (
     VllmServer,
     engine_core_stopped,
     metric_sum,

@@ -32,12 +32,10 @@ import aiohttp
 import pytest
 
 from engine_watchdog.engines import VLLM
-from engine_watchdog.loadgen import StreamingLoad
 from engine_watchdog.probes.canary import Canary
 from engine_watchdog.recovery.abort import abort_requests
-
-from .test_recovery_harness import (
-    DEADLOCK_FRAME,
+from engine_watchdog.sim.loadgen import StreamingLoad
+from tests.tools.recovery_harness import (
     REPORT_LINES,
     Recovery,
     Supervised,
@@ -47,7 +45,8 @@ from .test_recovery_harness import (
     stop_supervised,
     wait_until,
 )
-from .vllm_env import VllmEnv
+from tests.tools.vllm_env import VllmEnv
+from tests.tools.vllm_server import DEADLOCK_FRAME
 
 pytestmark = pytest.mark.e2e
 

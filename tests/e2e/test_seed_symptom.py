@@ -22,9 +22,8 @@ from typing import Any
 
 import pytest
 
-from engine_watchdog.loadgen import StreamingLoad
-
-from .vllm_server import VllmServer, engine_core_stopped
+from engine_watchdog.sim.loadgen import StreamingLoad
+from tests.tools.vllm_server import VllmServer, engine_core_stopped
 
 pytestmark = pytest.mark.e2e
 

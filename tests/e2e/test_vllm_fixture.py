@@ -9,9 +9,15 @@ import asyncio
 import aiohttp
 import pytest
 
-from engine_watchdog.loadgen import StreamingLoad
-
-from .vllm_server import SERVED_MODEL, VllmServer, engine_core_stopped, http_get, metric_sum, scrape
+from engine_watchdog.sim.loadgen import StreamingLoad
+from tests.tools.vllm_server import (
+    SERVED_MODEL,
+    VllmServer,
+    engine_core_stopped,
+    http_get,
+    metric_sum,
+    scrape,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -30,6 +30,6 @@ timeout -s INT 200 python3 -m engine_watchdog demo --gpu --incident-dir /tmp/dem
 echo "demo exit $?" >>"$out/demo.log"
 tar czf "$out/demo-bundle.tgz" --exclude='*.nvcudmp' -C /tmp demo-gpu
 [ -n "${SKIP_RECORD:-}" ] && exit 0  # SKIP_RECORD=1: the demo only
-timeout -s INT 330 python3 tests/data/traces/record_corpus.py gpu --out "$out/traces" \
+timeout -s INT 330 python3 tests/tools/record_corpus.py gpu --out "$out/traces" \
   >"$out/record.log" 2>&1
 echo "record exit $?" >>"$out/record.log"

@@ -23,6 +23,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_watchdog.sim.launcher import SimProcess
+from tests.tools.watch import WatchProcess, start_watch, stop_watch
 from tests.waiting import eventually
 
 T = TypeVar("T")
@@ -179,3 +180,17 @@ def poll() -> Callable[..., Awaitable[Any]]:
 def hold() -> Callable[..., Awaitable[Any]]:
     """:func:`steady`, as a fixture."""
     return steady
+
+
+@pytest.fixture
+async def watch_factory() -> AsyncIterator[Callable[..., Awaitable[WatchProcess]]]:
+    """Starts ``engine-watchdog watch`` processes; every one is killed when the test ends."""
+    started: list[WatchProcess] = []
+
+    async def start(url: str, *args: str) -> WatchProcess:
+        started.append(await start_watch(url, *args))
+        return started[-1]
+
+    yield start
+    for watch in started:
+        await stop_watch(watch)

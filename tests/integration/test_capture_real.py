@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bundle
-from engine_watchdog.capture.cli import capture_command, doctor_command
 from engine_watchdog.capture.pyspy import pyspy_step
 from engine_watchdog.capture.step import CaptureContext, StepResult
 from engine_watchdog.capture.tools import resolve_tools, write_private
+from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.probes.pidns import read_ns_pid
 from engine_watchdog.probes.procs import sample_procs
+from tests.tools.cli import run_cli_sync
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "capture"
 START_TIMEOUT_S = 60.0
@@ -85,7 +85,7 @@ def engine() -> Iterator[Started]:
 
 
 def settings(tmp_path: Path, **kw: object) -> BundleSettings:
-    return BundleSettings(incident_dir=tmp_path / "inc", **kw)  # type: ignore[arg-type]
+    return BundleSettings(CaptureSettings(incident_dir=tmp_path / "inc"), **kw)  # type: ignore[arg-type]
 
 
 async def test_bundle_shows_the_thread_blocked_on_a_lock(tmp_path: Path, target: Started) -> None:
@@ -133,16 +133,12 @@ def test_discovery_from_the_listening_port(engine: Started) -> None:
 
 def test_cli_capture_by_url_finds_the_engine_core(tmp_path: Path, engine: Started) -> None:
     url = f"http://127.0.0.1:{engine.first_line}"
-    result = CliRunner().invoke(
-        capture_command, ["--url", url, "--incident-dir", str(tmp_path), "--tar"]
-    )
-    assert result.exit_code == 0, result.output
-    path = Path(result.output.strip().splitlines()[0])
+    ran = run_cli_sync("capture", "--url", url, "--incident-dir", str(tmp_path), "--tar")
+    assert ran.code == 0, ran
+    path = Path(ran.out.strip().splitlines()[0])
     assert path.name.endswith("-vllm-manual.tar.gz") and path.exists()
-    result = CliRunner().invoke(
-        capture_command, ["--url", url, "--incident-dir", str(tmp_path), "--json"]
-    )
-    doc = json.loads(result.output)
+    ran = run_cli_sync("capture", "--url", url, "--incident-dir", str(tmp_path), "--json")
+    doc = json.loads(ran.out)
     summary = (Path(doc["path"]) / "summary.md").read_text()
     assert f"EngineCore {BLOCKED}" in summary
     assert doc["steps"][0]["status"] == "ok"
@@ -150,13 +146,13 @@ def test_cli_capture_by_url_finds_the_engine_core(tmp_path: Path, engine: Starte
 
 def test_doctor_sees_the_engine(engine: Started) -> None:
     url = f"http://127.0.0.1:{engine.first_line}"
-    result = CliRunner().invoke(doctor_command, ["--url", url, "--json"])
-    checks = {c["name"]: c for c in json.loads(result.output)["checks"]}
+    ran = run_cli_sync("doctor", "--url", url, "--json")
+    checks = {c["name"]: c for c in json.loads(ran.out)["checks"]}
     assert checks["ptrace"]["status"] == "ok"
     assert checks["py-spy trial"]["status"] == "ok"
     assert checks["engine processes"]["status"] == "ok"
     assert checks["nvml"]["status"] in ("ok", "optional")
-    assert result.exit_code == 0
+    assert ran.code == 0
 
 
 def unprivileged_pyspy(tmp_path: Path) -> str:
@@ -173,32 +169,38 @@ def unprivileged_pyspy(tmp_path: Path) -> str:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop privileges")
 def test_ptrace_refused_names_the_fix(tmp_path: Path, target: Started) -> None:
-    tools = {"py-spy": unprivileged_pyspy(tmp_path)}
-    result = CliRunner().invoke(
-        capture_command,
-        ["--pid", str(target.pid), "--incident-dir", str(tmp_path / "inc")],
-        obj={"tools": tools},
+    py_spy = unprivileged_pyspy(tmp_path)
+    ran = run_cli_sync(
+        "capture",
+        "--pid",
+        str(target.pid),
+        "--incident-dir",
+        str(tmp_path / "inc"),
+        "--py-spy",
+        py_spy,
     )
-    assert result.exit_code == 0, result.output
-    assert "warning: py-spy permission-denied" in result.output
-    assert "CAP_SYS_PTRACE" in result.output and "shareProcessNamespace" in result.output
-    path = Path(result.output.splitlines()[0])
+    assert ran.code == 0, ran
+    assert "warning: py-spy permission-denied" in ran.err
+    assert "CAP_SYS_PTRACE" in ran.err and "shareProcessNamespace" in ran.err
+    path = Path(ran.out.splitlines()[0])
     step = json.loads((path / "manifest.json").read_text())["steps"][0]
     assert step["status"] == "permission-denied"
     assert "Permission Denied" in (path / "pyspy" / f"{target.pid}.err").read_text()
 
 
 def test_missing_pyspy_is_reported(tmp_path: Path, target: Started) -> None:
-    result = CliRunner().invoke(
-        capture_command,
-        ["--pid", str(target.pid), "--incident-dir", str(tmp_path)],
-        obj={"tools": {}},
+    ran = run_cli_sync(
+        "capture",
+        "--pid",
+        str(target.pid),
+        "--incident-dir",
+        str(tmp_path),
+        "--py-spy",
+        "/nonexistent/py-spy",
     )
-    assert result.exit_code == 0
-    assert "warning: py-spy not-available: py-spy is not installed: pip install py-spy" in (
-        result.output
-    )
-    path = Path(result.output.splitlines()[0])
+    assert ran.code == 0
+    assert "warning: py-spy not-available: py-spy is not installed: pip install py-spy" in (ran.err)
+    path = Path(ran.out.splitlines()[0])
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["steps"][0]["status"] == "not-available"
     assert "No stacks were captured" in (path / "summary.md").read_text()
@@ -234,12 +236,16 @@ async def test_disk_that_fills_leaves_no_partial_bundle(
     log = tmp_path / "engine.log"
     log.write_bytes(b"log line\n" * 10_000)  # 90 KB: the tail no longer fits
     procs = sample_procs(pids=[target.pid]).procs
-    s = BundleSettings(incident_dir=small_disk / "inc", engine_log=log)
+    s = BundleSettings(CaptureSettings(incident_dir=small_disk / "inc", engine_log=log))
     with pytest.raises(BundleError, match="no space left"):
         await write_bundle(s, None, procs, [], [pyspy_step(), big_step])
     assert list((small_disk / "inc").iterdir()) == []
     # Without the oversized parts, a capture fits on the same volume: nothing was left behind.
     res = await write_bundle(
-        BundleSettings(incident_dir=small_disk / "inc"), None, procs, [], [pyspy_step()]
+        BundleSettings(CaptureSettings(incident_dir=small_disk / "inc")),
+        None,
+        procs,
+        [],
+        [pyspy_step()],
     )
     assert res.path.parent == small_disk / "inc" and res.steps[0].status == "ok"

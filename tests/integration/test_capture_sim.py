@@ -14,7 +14,8 @@ import pytest
 from engine_watchdog.capture.bundle import BundleSettings, write_bundle
 from engine_watchdog.capture.pyspy import pyspy_step
 from engine_watchdog.capture.tools import resolve_tools
-from engine_watchdog.model import State, Verdict
+from engine_watchdog.core.model import State, Verdict
+from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.probes.procs import sample_procs_async
 
 pytestmark = pytest.mark.skipif(not resolve_tools().get("py-spy"), reason="py-spy not installed")
@@ -43,7 +44,11 @@ async def test_bundle_of_a_deadlocked_simulator_shows_the_blocked_frame(
         verdict = Verdict(t=obs.t, engine="0", state=State.STALLED, cause="host-deadlock")
         timeline = [{"t": obs.t, "kind": "procs", "procs": [p.pid for p in obs.procs]}]
         res = await write_bundle(
-            BundleSettings(incident_dir=tmp_path), verdict, obs.procs, timeline, [pyspy_step()]
+            BundleSettings(CaptureSettings(incident_dir=tmp_path)),
+            verdict,
+            obs.procs,
+            timeline,
+            [pyspy_step()],
         )
     finally:
         stream.cancel()

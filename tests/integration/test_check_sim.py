@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from engine_watchdog.loadgen import StreamingLoad
-from engine_watchdog.sim.launcher import SimProcess
-from tests.integration.cli_helpers import run_cli
+from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.integration.conftest import SimFactory, SimHttp
+from tests.tools.cli import run_cli
+from tests.tools.watch import fired
 from tests.waiting import eventually
 
 STALL = "10"
-
-
-async def fired(http: SimHttp, sim: SimProcess) -> bool:
-    """The seed's freeze happened: the engine stopped stepping with a request in flight."""
-    _, doc = await http.get(sim, "/sim/fault")
-    return bool(doc["engines"]["0"].get("state") == "fired")
 
 
 async def test_check_says_stalled_on_the_seed_freeze_under_load(

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from engine_watchdog.config import ProbeSettings, WatchSettings
-from engine_watchdog.detector import DetectorSettings
+from engine_watchdog.core.detector import DetectorSettings
+from engine_watchdog.core.model import State
+from engine_watchdog.core.settings import ProbeSettings, WatchSettings
 from engine_watchdog.engines.detect import detect_profile
-from engine_watchdog.loadgen import StreamingLoad
-from engine_watchdog.model import State
+from engine_watchdog.runtime.watcher import Watcher
 from engine_watchdog.sim.launcher import SimProcess
+from engine_watchdog.sim.loadgen import StreamingLoad
 from engine_watchdog.sim.settings import DIALECTS
-from engine_watchdog.watcher import Watcher
 from tests.integration.conftest import SimFactory, SimHttp
 from tests.waiting import eventually
 

@@ -13,12 +13,11 @@ from typing import Any
 
 import aiohttp
 
-from engine_watchdog.loadgen import StreamingLoad
 from engine_watchdog.sim.launcher import free_port
-from tests.integration.cli_helpers import run_cli
+from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.integration.conftest import SimFactory, SimHttp
-from tests.integration.test_check_sim import fired
-from tests.integration.test_watch_sim import get, metric
+from tests.tools.cli import run_cli
+from tests.tools.watch import fired, get, metric
 from tests.waiting import eventually
 
 

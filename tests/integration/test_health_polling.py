@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine_watchdog.config import ProbeSettings, WatchSettings
+from engine_watchdog.core.settings import ProbeSettings, WatchSettings
+from engine_watchdog.runtime.watcher import Watcher
 from engine_watchdog.sim.launcher import free_port
-from engine_watchdog.watcher import Watcher
 
 BODIES = {
     "tgi": "# TYPE tgi_queue_size gauge\ntgi_queue_size 1\ntgi_batch_current_size 1\n"

@@ -22,8 +22,9 @@ import pytest
 from engine_watchdog.capture.bundle import BundleSettings, write_bundle
 from engine_watchdog.capture.pyspy import pyspy_step
 from engine_watchdog.capture.tools import resolve_tools
+from engine_watchdog.core.model import State, Verdict
+from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.engines import TGI
-from engine_watchdog.model import State, Verdict
 from engine_watchdog.probes.procs import sample_procs_async
 from engine_watchdog.sim.launcher import free_port
 from tests.waiting import eventually
@@ -100,7 +101,11 @@ async def test_tgi_shards_beside_the_router_are_found_and_dumped(
 
     verdict = Verdict(t=time.time(), engine="0", state=State.STALLED, cause="no-progress")
     res = await write_bundle(
-        BundleSettings(incident_dir=tmp_path), verdict, obs.procs, [], [pyspy_step()]
+        BundleSettings(CaptureSettings(incident_dir=tmp_path)),
+        verdict,
+        obs.procs,
+        [],
+        [pyspy_step()],
     )
     assert res.steps[0].status in ("ok", "partial"), res.steps[0].detail
     stacks = json.loads((res.path / "pyspy" / f"{shard[0].pid}.json").read_text())

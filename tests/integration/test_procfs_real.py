@@ -16,7 +16,7 @@ from pathlib import Path
 from engine_watchdog.capture.cuda import discover
 from engine_watchdog.capture.evidence import process_records
 from engine_watchdog.capture.procfs import read_environ
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.core.model import ProcInfo
 
 # A parent (like vLLM's API server) starts a child that takes an engine title and waits.
 PARENT = """

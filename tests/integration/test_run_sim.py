@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -14,8 +15,8 @@ import aiohttp
 import psutil
 
 from engine_watchdog.sim.launcher import free_port
-from tests.integration.cli_helpers import run_cli
-from tests.integration.test_watch_sim import WatchProcess
+from tests.tools.cli import run_cli
+from tests.tools.watch import WatchProcess
 
 
 async def start_run(tmp: Path, port: int, *args: str) -> WatchProcess:
@@ -75,6 +76,59 @@ async def test_engine_death_is_reported_and_restarted_once(tmp_path: Path) -> No
     assert not [p for p in children if psutil.pid_exists(p)], "engine processes left behind"
 
 
+ENGINE_SCRIPT = """
+import os, pathlib, sys
+count = pathlib.Path(sys.argv[1])
+n = int(count.read_text()) if count.exists() else 0
+count.write_text(str(n + 1))
+fault = "crash" if n == 1 else "spin"  # the 2nd engine dies by itself, the others hang
+os.execv(sys.executable, [sys.executable, "-m", "engine_watchdog.sim", "--port", sys.argv[2],
+                          "--fault", fault])
+"""
+
+
+async def keep_asking(port: int) -> None:
+    """One client after the other, each answered or given up on (a hung engine)."""
+    while True:
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+            await asyncio.wait_for(complete(port), 15)
+        await asyncio.sleep(0.3)
+
+
+async def test_restarts_from_both_paths_stop_at_exactly_max_restarts(tmp_path: Path) -> None:
+    """Supervise mode restarts for two reasons: the supervisor's stall verdicts, and the engine
+    exiting on its own. Both count against one --max-restarts, in one history."""
+    port, starts = free_port(), tmp_path / "starts"
+    (tmp_path / "engine.py").write_text(ENGINE_SCRIPT)
+    engine = [sys.executable, str(tmp_path / "engine.py"), str(starts), str(port)]
+    url = f"http://127.0.0.1:{port}"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "engine_watchdog", "run", url, "--json", "--listen", "",
+        "--incident-dir", str(tmp_path), "--action", "restart", "--max-restarts", "3",
+        "--restart-backoff", "0", "--stall-seconds", "4", "--startup-grace", "0",
+        "--canary-timeout", "2", "--", *engine,
+        stdout=asyncio.subprocess.DEVNULL, stderr=(tmp_path / "run.err").open("wb"),
+        start_new_session=True,
+    )  # fmt: skip
+    client = asyncio.create_task(keep_asking(port))
+    try:
+        for _ in range(1200):  # the 4th engine hangs for good: the limit is reached
+            if any(r["result"] == "rate_limited" for r in history(tmp_path)):
+                break
+            await asyncio.sleep(0.1)
+        done = [r for r in history(tmp_path) if r["action"] == "restart"]
+        ok = [r["detail"] for r in done if r["result"] == "ok"]
+        assert len(ok) == 3, done
+        assert any("exited" in d for d in ok) and any("restarted" in d for d in ok), ok
+        assert "rate_limited" in {r["result"] for r in done}
+        await asyncio.sleep(2)  # no fifth engine comes
+        assert starts.read_text() == "4"
+    finally:
+        client.cancel()
+        os.killpg(proc.pid, signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 40)
+
+
 async def test_dry_run_never_touches_the_engine(tmp_path: Path) -> None:
     port = free_port()
     # A deadlock before the engine reports the new request looks idle (running 0, waiting 0):
@@ -110,7 +164,8 @@ async def test_dry_run_never_touches_the_engine(tmp_path: Path) -> None:
 async def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
     ran = await run_cli("demo", "--incident-dir", str(tmp_path), timeout=240)
     assert ran.code == 0, ran.out[-3000:] + ran.err[-3000:]
-    for step in ("stalled", "action capture: ok", "action restart: ok", "engine back", "HTTP 200"):
+    steps = ("stalled", "action capture: ok", "action abort: ok", "action restart: ok")
+    for step in (*steps, "engine back", "HTTP 200"):
         assert step in ran.out, step
     assert "hanging=0" in ran.out
     bundles = [p for p in tmp_path.iterdir() if p.is_dir()]

@@ -173,6 +173,19 @@ async def test_scale_out_abort_and_dev_endpoints(sim_factory, sim_http, poll):
     assert events[-2]["choices"][0]["finish_reason"] == "abort" and events[-1] == "[DONE]"
 
     assert (await sim_http.post(sim, "/abort_requests", {"request_ids": ["nope"]}))[0] == 200
+    # vLLM's dev-mode endpoint: an empty body aborts every in-flight request; the scale-out
+    # one needs the ids.
+    streams: list[list[Any]] = [[], []]
+    tasks = [
+        asyncio.create_task(sim_http.stream(sim, ev, max_tokens=1000, ignore_eos=True))
+        for ev in streams
+    ]
+    await poll(lambda: all(len(ev) >= 2 for ev in streams), what="both streams")
+    assert (await sim_http.post(sim, "/inference/v1/abort_requests", {}))[0] == 400
+    status, doc = await sim_http.post(sim, "/abort_requests", {})
+    assert status == 200 and sorted(doc["aborted"]) == sorted(ev[0]["id"] for ev in streams)
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert all(ev[-2]["choices"][0]["finish_reason"] == "abort" for ev in streams)
     assert (await sim_http.get(sim, "/is_paused"))[1] == {"is_paused": False}
     assert (await sim_http.post(sim, "/pause?mode=keep"))[0] == 200
     assert (await sim_http.get(sim, "/is_paused"))[1] == {"is_paused": True}

@@ -4,76 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
-from engine_watchdog.loadgen import StreamingLoad
-from engine_watchdog.sim.launcher import free_port
-from tests.integration.cli_helpers import run_cli
+from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.integration.conftest import SimFactory, SimHttp
+from tests.tools.cli import run_cli
+from tests.tools.watch import get, metric
 from tests.waiting import eventually
-
-
-class WatchProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, listen: str) -> None:
-        self.proc = proc
-        self.base = f"http://{listen}"
-        self.lines: list[dict[str, Any]] = []
-
-    async def next_state(
-        self, state: str, timeout: float, cause: str | None = None
-    ) -> dict[str, Any]:
-        """Read JSON transition lines until one enters ``state`` (with ``cause``, if given)."""
-        assert self.proc.stdout is not None
-        async with asyncio.timeout(timeout):
-            while True:
-                line = await self.proc.stdout.readline()
-                assert line, "watch exited"
-                doc: dict[str, Any] = json.loads(line)
-                self.lines.append(doc)
-                if doc["state"] == state and cause in (None, doc["cause"]):
-                    return doc
-
-
-@pytest.fixture
-async def watch_factory() -> AsyncIterator[Any]:
-    procs: list[asyncio.subprocess.Process] = []
-
-    async def start(url: str, *args: str) -> WatchProcess:
-        listen = f"127.0.0.1:{free_port()}"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "engine_watchdog", "watch", url, "--json", "--listen", listen,
-            *args, stdout=asyncio.subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
-        procs.append(proc)
-        return WatchProcess(proc, listen)
-
-    yield start
-    for proc in procs:
-        if proc.returncode is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-
-
-async def get(url: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(5)) as r:
-        return r.status, await r.text()
-
-
-def metric(text: str, name: str, **labels: str) -> float | None:
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and labels.items() <= s.labels.items():
-                return float(s.value)
-    return None
 
 
 async def test_watch_reports_the_freeze_serves_its_endpoints_and_records_a_trace(

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine_watchdog.model import State, Transition, Verdict
+from engine_watchdog.core.model import State, Transition, Verdict
 from engine_watchdog.report.alertmanager import (
     Alert,
     AlertmanagerError,
@@ -217,13 +217,15 @@ def test_changes_queued_during_a_push_are_not_lost() -> None:
 
 
 async def test_every_action_is_an_alert_before_and_after(alertmanager: str) -> None:
-    from engine_watchdog.model import Outcome
+    from engine_watchdog.core.model import Outcome, Result
 
     target = "http://127.0.0.1:8124"
     async with aiohttp.ClientSession() as session:
         rep = AlertmanagerReporter(session, alertmanager)
         rep.on_action(target, "restart", "start", None)
-        rep.on_action(target, "restart", "end", Outcome("rate_limited", "3 restarts in 3600 s"))
+        rep.on_action(
+            target, "restart", "end", Outcome(Result.RATE_LIMITED, "3 restarts in 3600 s")
+        )
         assert await rep.flush()
         base = {"alertname": "EngineWatchdogAction", "target": target, "action": "restart"}
         before = await _eventually(alertmanager, True, {**base, "phase": "start"})

@@ -10,6 +10,7 @@ import os
 import stat
 import tarfile
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -20,18 +21,14 @@ from engine_watchdog.capture.bundle import (
     bundle_name,
     write_bundle,
 )
-from engine_watchdog.capture.evidence import (
-    REDACTED,
-    is_secret_name,
-    log_tail,
-    redact_argv,
-    redact_env,
-)
+from engine_watchdog.capture.evidence import log_tail
 from engine_watchdog.capture.manifest import SCHEMA_VERSION
 from engine_watchdog.capture.retention import prune
 from engine_watchdog.capture.step import CaptureContext, StepResult
 from engine_watchdog.capture.tools import write_private
-from engine_watchdog.model import ProcInfo, State, Verdict
+from engine_watchdog.core.model import ProcInfo, State, Verdict
+from engine_watchdog.core.redact import REDACTED, is_secret_name, redact_argv, redact_env
+from engine_watchdog.core.settings import CaptureSettings
 
 T0 = 1796018400.0  # 2026-11-30T06:00:00Z
 CORE = ProcInfo(
@@ -41,14 +38,17 @@ VERDICT = Verdict(t=T0, engine="0", state=State.STALLED, cause="stopped", since=
 
 
 def settings(tmp_path: Path, **kw: object) -> BundleSettings:
+    """Bundle settings for tests; keyword arguments that are CaptureSettings fields go there."""
+    capture_fields = {f.name for f in fields(CaptureSettings)}
+    capture = {k: v for k, v in kw.items() if k in capture_fields}
+    capture.setdefault("incident_dir", tmp_path / "inc")
     base: dict[str, object] = {
-        "incident_dir": tmp_path / "inc",
         "tools": {},
         "proc_root": tmp_path / "proc",
         "clock": lambda: T0,
     }
-    base.update(kw)
-    return BundleSettings(**base)  # type: ignore[arg-type]
+    base.update({k: v for k, v in kw.items() if k not in capture_fields})
+    return BundleSettings(CaptureSettings(**capture), **base)  # type: ignore[arg-type]
 
 
 async def ok_step(ctx: CaptureContext) -> StepResult:

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from engine_watchdog.capture.cli import EX_USAGE, capture_command, doctor_command
 from engine_watchdog.capture.doctor import (
     DoctorReport,
     has_cap,
@@ -22,7 +19,10 @@ from engine_watchdog.capture.doctor import (
     render_text,
     run_doctor,
 )
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.cli.errors import EXIT_USAGE
+from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.sim.launcher import free_port
+from tests.tools.cli import run_cli_sync
 
 
 @pytest.mark.parametrize(
@@ -106,12 +106,6 @@ def test_report_ok_ignores_optional() -> None:
     assert DoctorReport(()).ok
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -130,18 +124,19 @@ def test_capture_bad_input_exits_64_with_the_fix(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
     args = [a.format(port=free_port()) for a in args]
-    result = CliRunner().invoke(
-        capture_command, [*args, "--incident-dir", str(tmp_path)], obj={"tools": {}}
-    )
-    assert result.exit_code == EX_USAGE, result.output
-    assert message in result.output
-    assert "Traceback" not in result.output
+    ran = run_cli_sync("capture", *args, "--incident-dir", str(tmp_path), "--py-spy", NO_PY_SPY)
+    assert ran.code == EXIT_USAGE, ran
+    assert message in ran.err and len(ran.err.strip().splitlines()) == 1
+    assert "Traceback" not in ran.err + ran.out
     assert list(tmp_path.iterdir()) == []
 
 
+NO_PY_SPY = "/nonexistent/py-spy"
+
+
 def test_doctor_cli_bad_url_and_json() -> None:
-    result = CliRunner().invoke(doctor_command, ["--url", "nonsense"], obj={"tools": {}})
-    assert result.exit_code == EX_USAGE and "http(s) URL" in result.output
-    result = CliRunner().invoke(doctor_command, ["--json"], obj={"tools": {}})
-    assert result.exit_code == 1  # py-spy missing (tools injected empty)
-    assert json.loads(result.output)["checks"][1]["name"] == "py-spy"
+    ran = run_cli_sync("doctor", "--url", "nonsense")
+    assert ran.code == EXIT_USAGE and "http(s) URL" in ran.err
+    ran = run_cli_sync("doctor", "--json", "--py-spy", NO_PY_SPY)
+    assert ran.code == 1, ran  # py-spy missing: the operator's path is not there
+    assert json.loads(ran.out)["checks"][1]["name"] == "py-spy"

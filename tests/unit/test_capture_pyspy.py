@@ -26,7 +26,7 @@ from engine_watchdog.capture.pyspy import (
     render_text,
 )
 from engine_watchdog.capture.step import CaptureContext, StepResult
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.core.model import ProcInfo
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "capture"
 PERMISSION = "Permission Denied: Try running again with elevated permissions by going 'sudo env'\n"

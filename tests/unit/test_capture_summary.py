@@ -24,7 +24,7 @@ from engine_watchdog.capture.summary import (
     source_reader,
     stuck_lines,
 )
-from engine_watchdog.model import ProcInfo, State, Verdict
+from engine_watchdog.core.model import ProcInfo, State, Verdict
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "capture"
 CORE = ProcInfo(

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from engine_watchdog.check import EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, decide
-from engine_watchdog.detector import TARGET
-from engine_watchdog.model import State, Verdict
+from engine_watchdog.core.detector import TARGET
+from engine_watchdog.core.model import State, Verdict
+from engine_watchdog.runtime.check import EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, decide
 
 NEEDS_NO_TORCH = pytest.mark.skipif(
     importlib.util.find_spec("torch") is not None, reason="PyTorch here: --gpu would run"

@@ -19,7 +19,7 @@ from engine_watchdog.capture.procfs import (
     split_static,
 )
 from engine_watchdog.capture.step import CaptureContext
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.core.model import ProcInfo
 
 FAST = CoreDumpSettings(stable_s=0.2, poll_s=0.05)
 

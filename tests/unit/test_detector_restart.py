@@ -3,8 +3,8 @@ dead, until the next one answers; then it is judged afresh (with its own start-u
 
 from __future__ import annotations
 
-from engine_watchdog.detector import Detector, DetectorSettings
-from engine_watchdog.model import (
+from engine_watchdog.core.detector import Detector, DetectorSettings
+from engine_watchdog.core.model import (
     HealthObs,
     Observation,
     ProcInfo,
@@ -12,7 +12,7 @@ from engine_watchdog.model import (
     RestartObs,
     ScrapeObs,
 )
-from tests.unit.test_detector import T0, Eng, scrape
+from tests.tools.detector_feed import T0, Eng, scrape
 
 API = ProcInfo(pid=10, ppid=1, role="api-server", title="vllm serve", state="sleeping", cpu_s=1)
 CORE = ProcInfo(pid=11, ppid=10, role="engine-core", title="VLLM::EngineCore", state="stopped",

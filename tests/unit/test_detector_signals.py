@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from engine_watchdog.detector import Detector, DetectorSettings
-from engine_watchdog.model import (
+from engine_watchdog.core.detector import Detector, DetectorSettings
+from engine_watchdog.core.model import (
     CanaryObs,
     GpuInfo,
     GpuObs,
@@ -14,7 +14,7 @@ from engine_watchdog.model import (
     ProcsObs,
     State,
 )
-from tests.unit.test_detector import T0, Eng, first_stall, run, scrape
+from tests.tools.detector_feed import T0, Eng, first_stall, run, scrape
 
 CORE = 101
 
@@ -151,7 +151,7 @@ def test_canary_due_when_flat_and_when_idle() -> None:
 def test_a_new_engine_after_death_is_judged_afresh() -> None:
     """Crash on the first request (the idle canary's): counters never moved, so the new
     engine's zeros show no reset; /health 503 -> 200 is what says the engine is new."""
-    from engine_watchdog.model import HealthObs
+    from engine_watchdog.core.model import HealthObs
 
     obs: list[Observation] = [scrape(0, Eng()), HealthObs(T0 + 0.1, 200)]
     obs += [CanaryObs(T0 + 1.2, ok=False, error="http-500", sent_t=T0 + 0.5)]

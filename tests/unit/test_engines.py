@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from engine_watchdog.core.model import EngineSample
 from engine_watchdog.engines import LLAMACPP, PROFILES, SGLANG, TGI, TRTLLM, VLLM, EngineProfile
 from engine_watchdog.engines.detect import detect_profile
-from engine_watchdog.model import EngineSample
 from engine_watchdog.probes.metrics import RawScrape, parse_scrape
 from engine_watchdog.sim.settings import DIALECTS
 

@@ -11,14 +11,14 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine_watchdog.core.model import EngineSample
 from engine_watchdog.engines import PROFILES
 from engine_watchdog.engines.detect import detect_profile
-from engine_watchdog.model import EngineSample
 from engine_watchdog.probes.metrics import RawScrape, parse_scrape
 from engine_watchdog.sim.dialect_base import Dialect
 from engine_watchdog.sim.dialects import DIALECT_CLASSES
-from engine_watchdog.sim.metrics import FinishedRequest, IterationStats, SimMetrics
-from engine_watchdog.sim.protocol import SchedulerStats
+from engine_watchdog.sim.metrics import SimMetrics
+from engine_watchdog.sim.protocol import FinishedRequest, IterationStats, SchedulerStats
 from engine_watchdog.sim.settings import SimSettings, SimSettingsError
 
 

@@ -15,7 +15,7 @@ from engine_watchdog.capture.flight_recorder import (
     make_flight_recorder_step,
 )
 from engine_watchdog.capture.step import CaptureContext
-from engine_watchdog.model import ProcInfo
+from engine_watchdog.core.model import ProcInfo
 
 
 def fake_proc(proc_root: Path, pid: int, env: dict[str, str], cwd: Path) -> Path:

@@ -21,9 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_watchdog.detector import Detector, DetectorSettings
-from engine_watchdog.engines import VLLM
-from engine_watchdog.model import (
+from engine_watchdog.core.detector import Detector, DetectorSettings
+from engine_watchdog.core.model import (
     CanaryObs,
     EngineSample,
     GpuInfo,
@@ -36,9 +35,10 @@ from engine_watchdog.model import (
     State,
     Transition,
 )
+from engine_watchdog.engines import VLLM
 from engine_watchdog.probes.metrics import RawScrape, parse_scrape
-from engine_watchdog.replay import replay, replay_document
-from engine_watchdog.trace import encode, encode_scrape
+from engine_watchdog.runtime.replay import replay, replay_document
+from engine_watchdog.runtime.trace import encode, encode_scrape
 
 T0 = 1_796_000_000.0
 DEFAULTS = DetectorSettings()
@@ -320,7 +320,7 @@ def test_junk_lines_are_skipped_with_a_warning(stream: Stream, junk: list[tuple[
     for position, line in sorted(junk, reverse=True):
         dirty.insert(min(position, len(dirty)), line)
     handler = _Collect()
-    logger = logging.getLogger("engine_watchdog.trace")
+    logger = logging.getLogger("engine_watchdog.runtime.trace")
     logger.addHandler(handler)
     try:
         got = replay(dirty, VLLM, DEFAULTS)

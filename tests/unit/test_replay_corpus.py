@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from engine_watchdog.detector import Detector, DetectorSettings
+from engine_watchdog.core.detector import Detector, DetectorSettings
+from engine_watchdog.core.model import STALL_CAUSES, CanaryObs, State, Transition, Verdict
 from engine_watchdog.engines import VLLM
-from engine_watchdog.model import CanaryObs, State, Transition, Verdict
-from engine_watchdog.replay import replay
-from engine_watchdog.report.metrics import STALL_CAUSES
-from engine_watchdog.trace import decode
+from engine_watchdog.runtime.replay import replay
+from engine_watchdog.runtime.trace import decode
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 CAUSES = set(STALL_CAUSES)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from engine_watchdog.model import Outcome, State, Verdict
-from engine_watchdog.recovery.history import ActionHistory, RateLimit
-from engine_watchdog.supervisor import PolicySettings, Supervisor
+from engine_watchdog.core.model import Outcome, Result, State, Verdict
+from engine_watchdog.core.settings import PolicySettings, RateLimit
+from engine_watchdog.recovery.history import ActionHistory
+from engine_watchdog.runtime.supervisor import Supervisor
 
 T = 1_796_000_000.0
 
@@ -22,15 +23,15 @@ class ScriptedActions:
 
     async def capture(self, verdict: Verdict, destructive: bool) -> Outcome:
         self.calls.append("capture-destructive" if destructive else "capture")
-        return Outcome("ok", "bundle")
+        return Outcome(Result.OK, "bundle")
 
     async def abort(self) -> Outcome:
         self.calls.append("abort")
-        return Outcome(self._abort)
+        return Outcome(Result(self._abort))
 
     async def restart(self, stalled_since: float) -> Outcome:
         self.calls.append("restart")
-        return Outcome(self._restart)
+        return Outcome(Result(self._restart))
 
     async def paused(self) -> bool:
         return self._paused

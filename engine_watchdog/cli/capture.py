@@ -1,0 +1,142 @@
+"""click commands ``capture`` and ``doctor`` (registered in the main group by cli/commands.py).
+
+Exit status: 0 done; 1 doctor found a missing piece; 64 bad input (one line naming the fix);
+73 the bundle could not be written (nothing partial was left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import click
+
+from engine_watchdog.capture.bundle import BundleError, BundleResult, BundleSettings, write_bundle
+from engine_watchdog.capture.doctor import render_json, render_text, run_doctor
+from engine_watchdog.capture.step import CaptureStep
+from engine_watchdog.capture.steps import capture_steps
+from engine_watchdog.capture.tools import tools_with
+from engine_watchdog.cli.errors import EXIT_CANTCREAT, CliError
+from engine_watchdog.cli.option_group import One, Opt, all_consumed
+from engine_watchdog.cli.options import CAPTURE, JSON
+from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.engines import VLLM
+from engine_watchdog.probes.gpu import GpuProbe, load_nvml
+from engine_watchdog.probes.procs import FIX_NOT_FOUND, sample_procs, url_port
+
+PY_SPY = One(
+    Opt("--py-spy", "py_spy", "The py-spy to run [default: on PATH, or beside this Python].", str)
+)
+
+
+def default_steps() -> list[CaptureStep]:
+    """The non-destructive steps of an on-demand bundle (the GPU snapshot where NVML works)."""
+    gpu = GpuProbe(load_nvml())
+    return capture_steps(destructive=False, gpu=None if gpu.start() else gpu)
+
+
+def _check_target(url: str | None, pids: Sequence[int]) -> None:
+    if not url and not pids:
+        raise CliError("say which engine: --url http://HOST:PORT of its server, or --pid PID")
+    if url and pids:
+        raise CliError("give --url or --pid, not both (--pid replaces the discovery from the port)")
+    if any(p <= 0 for p in pids):
+        raise CliError("--pid takes a positive process ID")
+    if url:
+        try:
+            url_port(url)
+        except ValueError:
+            raise CliError(
+                f"--url {url!r} is not an http(s) URL: use e.g. http://127.0.0.1:8000"
+            ) from None
+
+
+def find_procs(url: str | None, pids: Sequence[int]) -> tuple[ProcInfo, ...]:
+    """The engine's processes, or a usage error naming the fix."""
+    _check_target(url, pids)
+    procs = sample_procs(url, pids, profile=VLLM).procs
+    gone = [p.pid for p in procs if p.state == "gone"]
+    if gone:
+        raise CliError(
+            f"no process with PID {', '.join(map(str, gone))} in this PID namespace: "
+            "check the PID (a container's PIDs differ from the host's)"
+        )
+    if not procs:
+        raise CliError(f"no engine process found for {url}: {FIX_NOT_FOUND}")
+    return procs
+
+
+def engine_options(func: Any) -> Any:
+    func = click.option(
+        "--pid", "pids", type=int, multiple=True, help="Engine process (repeatable)."
+    )(func)
+    return click.option(
+        "--url", help="Base URL of the engine's server; its processes are found from the port."
+    )(func)
+
+
+@click.command("capture")
+@engine_options
+@CAPTURE
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1.0),
+    default=20.0,
+    show_default=True,
+    help="Seconds each capture step may take.",
+)
+@PY_SPY
+@JSON
+def capture_command(url: str | None, pids: tuple[int, ...], timeout: float, **kw: Any) -> None:
+    """Write a non-destructive incident bundle now and print its path."""
+    capture = replace(CAPTURE.take(kw), step_timeout_s=timeout, py_spy=PY_SPY.take(kw))
+    as_json = JSON.take(kw)
+    all_consumed(kw)
+    if capture.engine_log is not None and not capture.engine_log.is_file():
+        raise CliError(f"--engine-log {capture.engine_log} is not a readable file: check the path")
+    procs = find_procs(url, pids)
+    settings = BundleSettings(capture, engine=VLLM.name, tools=tools_with(capture.py_spy))
+    # The process sample is the only observation an on-demand capture has: keep it.
+    seen = [{"pid": p.pid, "role": p.role, "state": p.state} for p in procs]
+    timeline = [{"t": settings.clock(), "kind": "procs", "procs": seen}]
+    try:
+        result = asyncio.run(write_bundle(settings, None, procs, timeline, default_steps()))
+    except BundleError as e:
+        raise CliError(str(e), EXIT_CANTCREAT) from None
+    _report(result, as_json)
+
+
+def _report(result: BundleResult, as_json: bool) -> None:
+    path = str(result.path.resolve())
+    if as_json:
+        doc = {"path": path, "elapsed_s": result.elapsed_s, "steps": result.manifest["steps"]}
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(path)
+    for step in result.steps:
+        if step.status != "ok":
+            click.echo(f"warning: {step.name} {step.status}: {step.detail}", err=True)
+
+
+@click.command("doctor")
+@click.option("--url", help="Base URL of the engine's server, to check its processes are visible.")
+@click.option("--pid", "pids", type=int, multiple=True, help="Engine process (repeatable).")
+@PY_SPY
+@JSON
+def doctor_command(url: str | None, pids: tuple[int, ...], **kw: Any) -> None:
+    """Say what this host can capture and how to fix each missing piece."""
+    tools = tools_with(PY_SPY.take(kw))
+    as_json = JSON.take(kw)
+    all_consumed(kw)
+    if url or pids:
+        _check_target(url, pids)
+    report = asyncio.run(run_doctor(url, pids, tools=tools))
+    if as_json:
+        click.echo(render_json(report))
+    else:
+        click.echo(render_text(report), nl=False)
+    if not report.ok:
+        raise click.exceptions.Exit(1)

@@ -1,0 +1,266 @@
+"""``engine-watchdog demo``: the whole story on the embedded simulator, in about a minute.
+
+A simulated vLLM under streaming load; the seed's hang (the last requests stop producing tokens,
+/health stays 200); the watchdog's verdict; the incident bundle; the abort (clients answered);
+the restart; the engine serving again. Everything it starts, it stops; it ends by itself.
+
+With ``--gpu`` (a machine with PyTorch and a CUDA GPU) the simulated engine computes on the GPU
+and hangs as a rank stuck in a collective does: spinning in a GPU kernel. The watchdog reads it
+through NVML, and the restart takes a CUDA core dump of the engine first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import click
+
+from engine_watchdog.cli.option_group import all_consumed
+from engine_watchdog.cli.options import CAPTURE, DETECTOR
+from engine_watchdog.core.detector import TARGET
+from engine_watchdog.core.model import Action, Outcome, Result, State, Transition, Verdict
+from engine_watchdog.core.settings import (
+    CaptureSettings,
+    DetectorSettings,
+    PolicySettings,
+    ProbeSettings,
+    WatchSettings,
+    validate,
+)
+from engine_watchdog.report.console import transition_text
+from engine_watchdog.runtime.runner import run_watch
+from engine_watchdog.sim.gpu import GpuUnavailableError, load_torch
+from engine_watchdog.sim.launcher import free_port
+from engine_watchdog.sim.loadgen import StreamingLoad
+
+MODEL = "demo-model"
+
+
+@dataclass
+class Story:
+    """What the demo saw, with monotonic times relative to its start."""
+
+    start: float = field(default_factory=time.monotonic)
+    marks: dict[str, float] = field(default_factory=dict)
+    stall: Verdict | None = None
+    recovered: asyncio.Event = field(default_factory=asyncio.Event)
+    progress_seen: asyncio.Event = field(default_factory=asyncio.Event)
+    """The watchdog has seen the engine make progress (so a hang has a last progress)."""
+
+    def now(self) -> float:
+        return time.monotonic() - self.start
+
+    def say(self, text: str) -> None:
+        click.echo(f"[{self.now():6.1f}s] {text}")
+
+    def mark(self, name: str, text: str) -> None:
+        self.marks.setdefault(name, self.now())
+        self.say(text)
+
+
+class StoryReporter:
+    """Prints the watchdog's transitions and actions into the story and notes stall, restart
+    and recovery (structured events: a reporter and an action listener)."""
+
+    def __init__(self, story: Story) -> None:
+        self.story = story
+
+    def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
+        if any(v.last_progress_t for v in verdicts.values()):
+            self.story.progress_seen.set()
+        for change in changes:
+            if change.new.engine == TARGET:
+                continue  # before the first scrape: the engine is still starting
+            self.story.say("watchdog: " + transition_text(change))
+            if change.new.state is State.STALLED and self.story.stall is None:
+                self.story.stall = change.new
+                self.story.marks["stalled"] = self.story.now()
+            healthy = change.new.state in (State.PROGRESSING, State.IDLE)
+            if self.story.stall is not None and healthy and "restart" in self.story.marks:
+                self.story.marks.setdefault("back", self.story.now())
+                self.story.recovered.set()
+
+    def on_action(self, target: str, action: Action, phase: str, outcome: Outcome | None) -> None:
+        if phase != "end" or outcome is None:
+            return
+        if action is Action.RESTART and outcome.result == Result.OK:
+            self.story.marks.setdefault("restart", self.story.now())
+        self.story.say(f"watchdog: action {action}: {outcome.result} {outcome.detail}")
+
+
+# The engine's side of a user-triggered CUDA core dump (FACTS.md); the dump goes to /tmp.
+CORE_DUMP_ENV = (
+    "CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1",
+    "CUDA_COREDUMP_PIPE=/tmp/cuda_pipe_%p",
+    "CUDA_COREDUMP_FILE=/tmp/cuda_core_%p.nvcudmp",
+    "CUDA_COREDUMP_GENERATION_FLAGS=skip_nonrelocated_elf_images,skip_global_memory,"
+    "skip_shared_memory,skip_local_memory,skip_constbank_memory",
+)
+
+
+def demo_settings(
+    url: str, detector: DetectorSettings, capture: CaptureSettings, gpu: bool = False
+) -> WatchSettings:
+    return validate(
+        WatchSettings(
+            url=url,
+            probe=ProbeSettings(gpu=gpu),
+            detector=detector,
+            listen=None,
+            policy=PolicySettings(
+                actions=frozenset({Action.CAPTURE, Action.ABORT, Action.RESTART}),
+                abort_grace_s=5.0,
+            ),
+            capture=capture,
+        )
+    )
+
+
+async def wait_healthy(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(
+                    url + "/health", timeout=aiohttp.ClientTimeout(total=2)
+                ) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"the simulator at {url} did not become healthy in {timeout_s:.0f} s")
+
+
+async def post(url: str, body: dict[str, object], timeout_s: float = 10.0) -> int:
+    async with aiohttp.ClientSession() as session:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.post(url, json=body, timeout=timeout) as resp:
+            await resp.read()
+            return resp.status
+
+
+async def inject_hang(story: Story, url: str, load: StreamingLoad, gpu: bool) -> None:
+    await load.wait_for(chunks=100, in_flight=4, timeout=30)
+    # A slow engine start (--gpu: PyTorch and CUDA) can leave the watchdog a round behind.
+    await asyncio.wait_for(story.progress_seen.wait(), 30)
+    story.say(f"load: {load.in_flight} streaming requests in flight, {load.chunks} chunks so far")
+    await post(url + "/sim/fault", {"fault": "spin" if gpu else "freeze-last"})
+    load.stop_new()
+    if gpu:
+        story.mark(
+            "fault", "fault: the engine spins in a GPU kernel, as in a collective no peer joins"
+        )
+    else:
+        story.mark(
+            "fault", "fault: freeze-last armed, clients stop sending: the last request will hang"
+        )
+
+
+def engine_command(port: int, gpu: bool) -> list[str]:
+    # VLLM_SERVER_DEV_MODE=1 gives the engine vLLM's abort-all endpoint: the abort rung runs.
+    command = ["env", "VLLM_SERVER_DEV_MODE=1", *(CORE_DUMP_ENV if gpu else ())]
+    command += [sys.executable, "-m", "engine_watchdog.sim", "--port", str(port)]
+    command += ["--served-model-name", MODEL, "--tokens-per-second", "25"]
+    return command + (["--gpu"] if gpu else [])
+
+
+async def serving_again(story: Story, url: str) -> bool:
+    await wait_healthy(url, 30)
+    body = {"model": MODEL, "prompt": "still there?", "max_tokens": 8}
+    status = await post(url + "/v1/completions", body)
+    story.mark("served", f"client: a new completion after the restart answered HTTP {status}")
+    return status == 200
+
+
+async def run_demo(detector: DetectorSettings, capture: CaptureSettings, gpu: bool = False) -> int:
+    story = Story()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = engine_command(port, gpu)
+    # The story prints every action itself (below); the supervisor's own log lines would say
+    # the same again.
+    logging.getLogger("engine_watchdog.actions").setLevel(logging.ERROR)
+    stop = asyncio.Event()
+    settings = demo_settings(url, detector, capture, gpu)
+    stall_seconds = settings.detector.stall_seconds
+    story.say(f"starting a simulated vLLM on {url} under engine-watchdog run (supervise mode)")
+    teller = StoryReporter(story)
+    watchdog = asyncio.create_task(
+        run_watch(
+            settings,
+            stop,
+            lambda _: None,
+            [teller],
+            command,
+            echo_engine=False,
+            action_listeners=[teller.on_action],
+        )
+    )
+    load = StreamingLoad(url, clients=6, max_tokens=80, model=MODEL, request_timeout_s=120)
+    ok = False
+    try:
+        await wait_healthy(url, 30)
+        load.start()
+        await inject_hang(story, url, load, gpu)
+        await asyncio.wait_for(story.recovered.wait(), stall_seconds + 90)
+        ok = await serving_again(story, url)
+    finally:
+        outcome = await load.stop(drain_s=10.0)
+        stop.set()
+        await asyncio.wait_for(watchdog, 60)
+    return report(story, outcome, capture.incident_dir, ok)
+
+
+def report(story: Story, outcome: object, incident_dir: Path, ok: bool) -> int:
+    m = story.marks
+    click.echo("\n== summary ==")
+    if story.stall is not None and "fault" in m and "stalled" in m:
+        v = story.stall
+        since = v.last_progress_t
+        latency = f"{v.t - since:.1f} s after the last progress" if since else "n/a"
+        after_fault = m["stalled"] - m["fault"]
+        click.echo(f"stall verdict: {v.cause}, {latency} ({after_fault:.1f} s after the fault)")
+    if "restart" in m and "back" in m:
+        click.echo(f"engine back: {m['back'] - m['restart']:.1f} s after the restart")
+    bundles = sorted(p for p in incident_dir.glob("*") if p.is_dir() and not p.name.startswith("."))
+    if bundles:
+        click.echo(f"incident bundle: {bundles[-1]}  (summary.md, manifest.json, stacks/)")
+    click.echo(f"clients: {outcome}")
+    hanging = getattr(outcome, "hanging", 1)
+    passed = ok and hanging == 0 and story.stall is not None
+    click.echo("demo: OK" if passed else "demo: FAILED")
+    return 0 if passed else 1
+
+
+@click.command()
+@DETECTOR.options(startup_grace=0.0)
+@CAPTURE.options(incident_dir=Path("incidents/demo"))
+@click.option(
+    "--gpu",
+    is_flag=True,
+    help="The simulated engine computes on CUDA device 0 and hangs spinning in a GPU kernel "
+    "(needs PyTorch with CUDA); the restart takes a CUDA core dump first.",
+)
+def demo(gpu: bool, **kw: Any) -> None:
+    """Run the whole story on the embedded simulator: hang, verdict, bundle, restart."""
+    detector, capture = DETECTOR.take(kw), CAPTURE.take(kw)
+    all_consumed(kw)
+    if gpu:
+        try:
+            load_torch()
+        except GpuUnavailableError as exc:
+            raise click.UsageError(str(exc)) from exc
+    try:
+        code = asyncio.run(run_demo(detector, capture, gpu))
+    except TimeoutError as exc:
+        click.echo(f"demo: FAILED: {exc}", err=True)
+        code = 1
+    sys.exit(code)

@@ -1,0 +1,158 @@
+"""The command line: a thin click layer over run functions. No logic lives here.
+
+Every option can also come from the environment as ENGINE_WATCHDOG_<OPTION> (a Kubernetes
+ConfigMap feeds the sidecar through envFrom). Bad input prints one line naming the fix and exits
+with the error's own code (64 for usage); :func:`main` is the one place that turns errors into
+exit codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import Any
+
+import click
+
+from engine_watchdog import __version__
+from engine_watchdog.cli.errors import EXIT_USAGE, CliError
+from engine_watchdog.cli.options import (
+    CAPTURE,
+    DETECTOR,
+    ENGINE,
+    JSON,
+    LISTEN,
+    POLICY,
+    PROBE,
+    RECORD,
+    RECOVERY,
+    REPORT,
+    for_each,
+    watch_settings,
+)
+from engine_watchdog.cli.targets import TARGETS
+from engine_watchdog.core.settings import SettingsError, validate
+
+EXIT_INTERRUPTED = 130
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="engine-watchdog")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def cli(verbose: bool) -> None:
+    """Catches LLM serving engines that hang silently: detect, capture, recover."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@cli.command()
+@TARGETS
+@ENGINE
+@PROBE
+@DETECTOR
+@LISTEN
+@JSON
+@RECORD
+@POLICY.options(action=("capture",))
+@RECOVERY
+@CAPTURE
+@REPORT
+def watch(**kw: Any) -> None:
+    """Watch engines; print every state transition; act on stalls (--action).
+
+    One process can watch many engines (a per-node DaemonSet): give several URLs, --targets or
+    --selector; their metrics carry a ``target`` label.
+    """
+    from engine_watchdog.runtime.runner import run_watch
+
+    urls = TARGETS.take(kw)
+    base = watch_settings(kw)
+    if base.record and len(urls) > 1:
+        raise SettingsError("--record takes one engine; record each engine separately")
+    sys.exit(asyncio.run(run_watch(for_each(base, urls))))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.argument("url", envvar="ENGINE_WATCHDOG_URL")
+@ENGINE
+@PROBE
+@DETECTOR
+@LISTEN
+@JSON
+@POLICY.options(action=("capture,abort,restart",))
+@RECOVERY
+@CAPTURE
+@REPORT
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(url: str, command: tuple[str, ...], **kw: Any) -> None:
+    """Start the engine (the COMMAND after --), watch it, and restart it when it hangs.
+
+    For bare metal and Slurm: engine-watchdog run http://127.0.0.1:8000 -- vllm serve MODEL
+    """
+    from engine_watchdog.runtime.runner import run_watch
+
+    settings = validate(watch_settings(kw, url))
+    sys.exit(asyncio.run(run_watch(settings, command=list(command))))
+
+
+@cli.command()
+@TARGETS
+@ENGINE
+@PROBE
+@DETECTOR
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    envvar="ENGINE_WATCHDOG_TIMEOUT",
+    help="Observe at most this long [default: --stall-seconds + 10].",
+)
+@JSON
+def check(timeout: float | None, **kw: Any) -> None:
+    """One-shot verdict: exit 0 healthy/idle, 1 stalled, 2 unreachable, 3 undecided.
+
+    Several engines are judged concurrently: one line each, a summary, the worst exit code.
+    """
+    from engine_watchdog.runtime.check import check_lines, run_checks
+
+    urls = TARGETS.take(kw)
+    as_json = JSON.take(kw)
+    settings = for_each(watch_settings(kw), urls)
+    budget = timeout if timeout is not None else settings[0].detector.stall_seconds + 10
+    results = asyncio.run(run_checks(settings, budget))
+    code, lines = check_lines(results, settings, as_json)
+    for line in lines:
+        click.echo(line)
+    sys.exit(code)
+
+
+def _register_optional() -> None:
+    """Commands that live next to their subsystem (sim, capture, ...)."""
+    from engine_watchdog.cli.commands import register
+
+    register(cli)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: every error is one line on stderr and an exit code of its own."""
+    _register_optional()
+    try:
+        code = cli.main(args=argv, prog_name="engine-watchdog", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.Abort:
+        code = EXIT_INTERRUPTED
+    except click.UsageError as exc:
+        click.echo(f"error: {exc.format_message()} (see --help)", err=True)
+        code = EXIT_USAGE
+    except (SettingsError, CliError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    # Without standalone mode click returns the code a command exited with (ctx.exit(n)).
+    sys.exit(code if isinstance(code, int) else 0)

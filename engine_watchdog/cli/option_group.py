@@ -1,0 +1,147 @@
+"""The machinery of option groups: each declares its own command-line options and builds its
+own settings (kopf's ``logging_options`` and node-problem-detector's per-component flags are
+the models).
+
+A group is a decorator (it adds its options to a command) and a builder (``take`` pops exactly
+its options off the command's keyword arguments and returns its settings). A command ends with
+:func:`all_consumed`, which fails loudly if it declared an option no group took. The defaults
+shown in ``--help`` are the settings dataclasses' own. Every option also reads the environment
+as ENGINE_WATCHDOG_<OPTION> (:func:`env_name`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import Any, Generic, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S")
+
+
+def env_name(name: str) -> str:
+    return "ENGINE_WATCHDOG_" + name.upper().replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Opt:
+    """One option: its flag, the settings field it fills (dotted for a nested one), its help."""
+
+    flag: str
+    """``--stall-seconds``, or ``--canary/--no-canary`` for a boolean pair."""
+    field: str
+    help: str
+    type: Any = None
+    """click type; None: from the flag (a pair, or a plain flag for a bool field)."""
+    multiple: bool = False
+    convert: Callable[[Any], Any] | None = None
+    """Command-line value -> field value."""
+    default: Any = None
+    """The command-line default when it is not the field's own (e.g. ``--action``)."""
+
+    @property
+    def dest(self) -> str:
+        return self.flag.split("/")[0].lstrip("-").replace("-", "_")
+
+    def decorator(self, field_default: Any, with_default: bool) -> Callable[[F], F]:
+        attrs: dict[str, Any] = {"help": self.help, "envvar": env_name(self.dest)}
+        default = self.default if self.default is not None else field_default
+        if self.multiple:
+            attrs["multiple"] = True
+        if isinstance(field_default, bool) and "/" not in self.flag:
+            attrs["is_flag"] = True
+        elif self.type is not None:
+            attrs["type"] = self.type
+        if with_default:
+            attrs.update(default=default, show_default=default not in (None, "", ()))
+        return click.option(self.flag, self.dest, **attrs)
+
+
+class One:
+    """A single option that is not part of a settings section (--engine, --listen, --json)."""
+
+    def __init__(self, opt: Opt, default: Any = None) -> None:
+        self.opt = opt
+        self.default = default
+
+    def __call__(self, func: F) -> F:
+        return self.opt.decorator(self.default, True)(func)
+
+    def take(self, kw: dict[str, Any]) -> Any:
+        value = kw.pop(self.opt.dest)
+        return self.opt.convert(value) if self.opt.convert and value is not None else value
+
+
+class OptionGroup(Generic[S]):
+    """Options that together build one settings dataclass."""
+
+    def __init__(self, cls: type[S], *opts: Opt) -> None:
+        self.cls = cls
+        self.opts = opts
+
+    def __call__(self, func: F) -> F:
+        return self.options()(func)
+
+    def options(self, with_defaults: bool = True, **defaults: Any) -> Callable[[F], F]:
+        """The decorator; ``with_defaults=False``: unset options stay None (the settings come
+        from elsewhere, e.g. a trace); ``defaults``: a command's own default per dest."""
+        base = self.cls()
+
+        def decorate(func: F) -> F:
+            for opt in reversed(self.opts):
+                if opt.dest in defaults:
+                    opt = replace(opt, default=defaults[opt.dest])
+                func = opt.decorator(_get(base, opt.field), with_defaults)(func)
+            return func
+
+        return decorate
+
+    def declared_in(self, kw: Mapping[str, Any]) -> bool:
+        present = [o.dest in kw for o in self.opts]
+        if any(present) and not all(present):
+            missing = [o.flag for o in self.opts if o.dest not in kw]
+            raise RuntimeError(f"{self.cls.__name__}: options {missing} not declared")
+        return all(present)
+
+    def take(self, kw: dict[str, Any], base: S | None = None) -> S:
+        """Pop this group's options off ``kw``; the settings they say, over ``base``."""
+        return self.overrides(kw)(base if base is not None else self.cls())
+
+    def overrides(self, kw: dict[str, Any]) -> Callable[[S], S]:
+        """Pop this group's options off ``kw``; a function that puts the ones given (not None)
+        over any settings (e.g. the ones a trace was recorded with)."""
+        given: list[tuple[str, Any]] = []
+        if self.declared_in(kw):
+            for opt in self.opts:
+                value = kw.pop(opt.dest)
+                if value is not None:
+                    given.append((opt.field, opt.convert(value) if opt.convert else value))
+
+        def apply(settings: S) -> S:
+            for name, value in given:
+                settings = _set(settings, name, value)
+            return settings
+
+        return apply
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def _set(obj: S, dotted: str, value: Any) -> S:
+    head, _, rest = dotted.partition(".")
+    if rest:
+        return replace(obj, **{head: _set(getattr(obj, head), rest, value)})  # type: ignore[type-var]
+    assert is_dataclass(obj) and head in {f.name for f in fields(obj)}, dotted
+    return replace(obj, **{head: value})  # type: ignore[type-var]
+
+
+def all_consumed(kw: Mapping[str, Any]) -> None:
+    """Every option a command declared was taken by a group or by the command itself."""
+    if kw:
+        raise RuntimeError(f"options declared but not consumed: {sorted(kw)}")

@@ -1,0 +1,238 @@
+"""The option groups of the commands, one per settings section, and the WatchSettings they
+build together (cli/option_group.py has the machinery).
+
+Every option can also come from the environment as ENGINE_WATCHDOG_<OPTION> (a Kubernetes
+ConfigMap feeds the sidecar through envFrom).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine_watchdog.cli.option_group import One, Opt, OptionGroup, all_consumed
+from engine_watchdog.core.settings import (
+    CaptureSettings,
+    DetectorSettings,
+    PolicySettings,
+    ProbeSettings,
+    RecoverySettings,
+    ReportSettings,
+    WatchSettings,
+    normalise_url,
+    parse_actions,
+    validate,
+)
+
+
+def _events_target(value: str) -> str | None:
+    """--k8s-events: 'in-cluster', a URL, or the ConfigMap's boolean 'true'."""
+    if not value or value.lower() in ("false", "0", "no"):
+        return None
+    if value.lower() in ("true", "1", "yes", "in-cluster"):
+        return "in-cluster"
+    return normalise_url(value)
+
+
+def _pids(values: Sequence[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+PROBE = OptionGroup(
+    ProbeSettings,
+    Opt("--interval", "interval_s", "Seconds between probe rounds.", float),
+    Opt(
+        "--scrape-timeout", "scrape_timeout_s", "Timeout of one /metrics or /health request.", float
+    ),
+    Opt("--canary/--no-canary", "canary", "Send a 1-token request when in doubt."),
+    Opt("--canary-timeout", "canary_timeout_s", "A canary slower than this has failed.", float),
+    Opt("--gpu/--no-gpu", "gpu", "Sample GPUs through NVML."),
+    Opt(
+        "--pid",
+        "pids",
+        "Engine process (repeatable); default: found from the URL's port.",
+        int,
+        multiple=True,
+        convert=_pids,
+    ),
+)
+DETECTOR = OptionGroup(
+    DetectorSettings,
+    Opt(
+        "--stall-seconds",
+        "stall_seconds",
+        "No progress this long with work present: stalled.",
+        float,
+    ),
+    Opt(
+        "--suspect-seconds",
+        "suspect_seconds",
+        "No progress this long with work present: suspect.",
+        float,
+    ),
+    Opt(
+        "--startup-grace",
+        "startup_grace_seconds",
+        "No stall verdict this long after the first scrape.",
+        float,
+    ),
+    Opt(
+        "--fast-stall-seconds",
+        "fast_stall_seconds",
+        "Stalled this soon with strong evidence (stopped process, GPU spin, canary).",
+        float,
+    ),
+    Opt(
+        "--canary-after",
+        "canary_after_seconds",
+        "Send a canary once progress has been flat this long with work present.",
+        float,
+    ),
+    Opt(
+        "--idle-canary-interval",
+        "idle_canary_seconds",
+        "Send a canary this often while the engine looks idle.",
+        float,
+    ),
+)
+POLICY = OptionGroup(
+    PolicySettings,
+    Opt(
+        "--action",
+        "actions",
+        "Rungs that may run: none or any of capture,abort,restart,liveness "
+        "(repeatable or comma-separated; the order is fixed).",
+        multiple=True,
+        convert=parse_actions,
+        default=("capture",),
+    ),
+    Opt("--dry-run", "dry_run", "Log actions only."),
+    Opt("--abort-grace", "abort_grace_s", "Seconds for progress to resume after an abort.", float),
+    Opt(
+        "--max-restarts",
+        "rate_limit.max_restarts",
+        "At most this many restarts per --restart-window.",
+        int,
+    ),
+    Opt("--restart-window", "rate_limit.window_s", "Seconds the restart limit counts over.", float),
+    Opt(
+        "--restart-backoff",
+        "rate_limit.backoff_s",
+        "Wait this, doubling per restart in the window, between restarts.",
+        float,
+    ),
+)
+RECOVERY = OptionGroup(
+    RecoverySettings,
+    Opt(
+        "--restart-command",
+        "restart_command",
+        "Restart the engine with this command (split like a shell, run without one).",
+        str,
+        convert=lambda text: tuple(shlex.split(text)),
+        default="",
+    ),
+)
+CAPTURE = OptionGroup(
+    CaptureSettings,
+    Opt(
+        "--incident-dir",
+        "incident_dir",
+        "Where incident bundles and the action history go.",
+        click.Path(file_okay=False, path_type=Path),
+    ),
+    Opt(
+        "--engine-log",
+        "engine_log",
+        "The engine's log file (its tail goes into bundles).",
+        click.Path(dir_okay=False, path_type=Path),
+    ),
+    Opt("--tar", "tar", "Bundles as .tar.gz."),
+)
+REPORT = OptionGroup(
+    ReportSettings,
+    Opt(
+        "--k8s-events",
+        "k8s_events",
+        "Post Kubernetes Events on the pod for stalls and actions: 'in-cluster' "
+        "(the events-rbac component), or an API URL such as kubectl proxy's.",
+        str,
+        convert=_events_target,
+    ),
+    Opt(
+        "--alertmanager",
+        "alertmanager",
+        "Alertmanager base URL: push stall alerts there (API v2), resolve on recovery.",
+        str,
+        convert=lambda url: normalise_url(url) if url else None,
+    ),
+)
+
+
+def _engine_names() -> list[str]:
+    from engine_watchdog.engines import PROFILES
+
+    return ["auto", *sorted(PROFILES)]
+
+
+ENGINE = One(
+    Opt(
+        "--engine",
+        "engine",
+        "Engine profile; auto: from the first /metrics answer's series.",
+        click.Choice(_engine_names()),
+    ),
+    default="auto",
+)
+LISTEN = One(
+    Opt(
+        "--listen",
+        "listen",
+        "host:port of the watchdog's /metrics /livez /readyz /status ('' for none).",
+        str,
+        convert=lambda text: text or None,
+    ),
+    default="127.0.0.1:9400",
+)
+JSON = One(Opt("--json", "as_json", "Print JSON (one document per line for watch and run)."), False)
+RECORD = One(
+    Opt(
+        "--record",
+        "record",
+        "Append every observation to this JSON Lines trace (one engine only).",
+        click.Path(dir_okay=False, path_type=Path),
+    )
+)
+
+
+def watch_settings(kw: dict[str, Any], url: str = "") -> WatchSettings:
+    """The WatchSettings the option groups a command declared say (the rest: defaults)."""
+    settings = WatchSettings(
+        url=normalise_url(url) if url else "",
+        engine=ENGINE.take(kw),
+        probe=PROBE.take(kw),
+        detector=DETECTOR.take(kw),
+        policy=POLICY.take(kw),
+        capture=CAPTURE.take(kw),
+        recovery=RECOVERY.take(kw),
+        report=REPORT.take(kw),
+    )
+    for one, name in ((LISTEN, "listen"), (JSON, "as_json"), (RECORD, "record")):
+        if one.opt.dest in kw:
+            settings = replace(settings, **{name: one.take(kw)})
+    all_consumed(kw)
+    return settings
+
+
+def for_each(base: WatchSettings, urls: list[str]) -> list[WatchSettings]:
+    """One settings per engine; with many, no per-target process table scan or NVML: the
+    metrics, /health and the canary judge them (process and GPU evidence needs the engine on
+    this machine)."""
+    many = len(urls) > 1
+    probe = replace(base.probe, procs=False, gpu=False) if many else base.probe
+    return [validate(replace(base, url=normalise_url(u), probe=probe)) for u in urls]

@@ -1,0 +1,311 @@
+"""The stall detector: a pure state machine over the observation stream.
+
+Feed observations in time order, get verdict transitions out. No I/O, no clock, no sleeps: time
+comes from the observations, so the same code judges a live engine, a recorded trace and a test,
+and a verdict on a trace is reproducible bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from engine_watchdog.core.judging import RestartWindow, Track, busy_state
+from engine_watchdog.core.judging import movement as _movement
+from engine_watchdog.core.model import (
+    CanaryObs,
+    Cause,
+    EngineSample,
+    GpuObs,
+    HealthObs,
+    Observation,
+    ProcsObs,
+    RestartObs,
+    ScrapeObs,
+    State,
+    Transition,
+    Verdict,
+)
+from engine_watchdog.core.settings import DetectorSettings
+from engine_watchdog.core.signals import Signals
+
+__all__ = ["TARGET", "Detector", "DetectorSettings"]
+
+TARGET = "-"
+"""Pseudo-engine that carries the verdict before any rank has been seen."""
+
+
+class Detector:
+    """One detector per target (engine server); judges every data-parallel rank on its own."""
+
+    def __init__(self, settings: DetectorSettings | None = None) -> None:
+        self.settings = settings or DetectorSettings()
+        self.signals = Signals()
+        self._tracks: dict[str, Track] = {TARGET: Track(Verdict(0.0, TARGET, State.STARTING))}
+        self._first_good_t: float | None = None
+        self._last_t: float | None = None
+        self._unreachable_since: float | None = None
+        self._last_answer_t: float | None = None
+        """When the last good scrape ended (its start plus how long it took)."""
+        self._reachable_since: float | None = None
+        self._health_timeout_since: float | None = None
+        self._dead: str | None = None
+        self._restart = RestartWindow()
+
+    @property
+    def verdicts(self) -> dict[str, Verdict]:
+        """The current verdict of every rank (or of the target before any rank is known)."""
+        return {e: t.verdict for e, t in self._tracks.items()}
+
+    def feed(self, obs: Observation) -> list[Transition]:
+        """Judge one observation; return the state changes it caused."""
+        if self._last_t is not None and obs.t < self._last_t:
+            return []  # out of order: time must not run backwards inside a verdict
+        self._last_t = obs.t
+        if isinstance(obs, ScrapeObs):
+            return self._on_scrape_error(obs) if obs.error else self._on_scrape(obs)
+        if isinstance(obs, HealthObs):
+            return self._on_health(obs)
+        if isinstance(obs, RestartObs):
+            return self._on_restart(obs)
+        if isinstance(obs, CanaryObs):
+            self._on_canary(obs)
+        if isinstance(obs, ProcsObs | GpuObs | CanaryObs):
+            self.signals.add(obs)
+        return self._reevaluate(obs.t)
+
+    def canary_due(self, t: float) -> str | None:
+        """Why a canary request would help now ("flat" or "idle"), or None."""
+        if self._first_good_t is None or self._unreachable_since is not None:
+            return None
+        tracks = [k for k in self._tracks.values() if k.last is not None]
+        last_sent = self.signals.last_canary_sent()
+        for k in tracks:
+            if k.quiet_since is not None and k.verdict.state is not State.STALLED:
+                flat_long = t - k.quiet_since >= self.settings.canary_after_seconds
+                if flat_long and (last_sent is None or last_sent < k.quiet_since):
+                    return "flat"
+        all_idle = bool(tracks) and all(k.verdict.state is State.IDLE for k in tracks)
+        idle_since = max((k.verdict.since or t for k in tracks), default=t)
+        idle_due = t - idle_since >= self.settings.canary_after_seconds and (
+            last_sent is None or t - last_sent >= self.settings.idle_canary_seconds
+        )
+        return "idle" if all_idle and idle_due else None
+
+    # -- observations ----------------------------------------------------------------------
+
+    def _on_scrape(self, obs: ScrapeObs) -> list[Transition]:
+        if self._first_good_t is None:
+            self._first_good_t = obs.t
+            self._tracks.pop(TARGET, None)
+        reconnected = self._unreachable_since is not None
+        if reconnected or self._reachable_since is None:
+            self._reachable_since = obs.t
+        if self._restart.since is not None:
+            if self._restarting(obs.t) and not self._restart.new_engine(obs, self._tracks):
+                return self._old_engine_answers(obs)
+            self._restart.since, self._first_good_t = None, obs.t  # its own start-up grace
+        self._unreachable_since = None
+        self._last_answer_t = obs.t + (obs.elapsed_s or 0.0)
+        changes = []
+        for sample in obs.engines:
+            track = self._tracks.setdefault(
+                sample.engine, Track(Verdict(obs.t, sample.engine, State.STARTING))
+            )
+            self._update(track, sample, obs.t, reconnected)
+            changes += self._evaluate(track, obs.t)
+        return changes
+
+    def _update(self, track: Track, s: EngineSample, t: float, reconnected: bool) -> None:
+        """Fold a new sample into the rank's memory: movement, restarts, the quiet clock."""
+        moved, reset = _movement(track.last, s)
+        track.last, track.moved = s, moved
+        if reset:
+            track.note = "counters went backwards: the engine restarted"
+        if moved or reset:
+            track.last_progress_t = t
+            track.wedged = False
+        work = (s.running or 0) > 0 or (s.waiting or 0) > 0
+        if s.asleep or not work:
+            track.quiet_since = None
+        elif moved or reset or reconnected or track.quiet_since is None:
+            # A gap in observation is not evidence of a stall: restart the clock after one.
+            track.quiet_since = t
+
+    def _on_scrape_error(self, obs: ScrapeObs) -> list[Transition]:
+        if self._unreachable_since is None:
+            self._unreachable_since = obs.t
+        if self._first_good_t is None:
+            track = self._tracks[TARGET]
+            return self._set(track, obs.t, State.STARTING, obs.error, note=obs.detail)
+        if self._restarting(obs.t):
+            self._restart.gap = True
+            return self._set_restarting(obs.t, obs.detail)
+        state, cause = State.UNREACHABLE, obs.error
+        if self._dead is not None or self._engine_gone():
+            state, cause = State.STALLED, Cause.ENGINE_DEAD
+        elif self._api_unresponsive(obs):
+            state, cause = State.STALLED, Cause.API_UNRESPONSIVE
+        elif self._engine_loop_silent(obs):
+            state, cause = State.STALLED, Cause.NO_PROGRESS
+        changes = []
+        for track in self._tracks.values():
+            changes += self._set(track, obs.t, state, cause, note=obs.detail)
+        return changes
+
+    def _api_unresponsive(self, obs: ScrapeObs) -> bool:
+        """Both /metrics and /health time out for the whole stall window."""
+        if obs.error != "timeout" or self._health_timeout_since is None:
+            return False
+        assert self._unreachable_since is not None
+        since = max(self._unreachable_since, self._health_timeout_since)
+        return obs.t - since >= self.settings.stall_seconds
+
+    def _engine_loop_silent(self, obs: ScrapeObs) -> bool:
+        """/metrics answered by the engine's own loop (llama.cpp) timing out for the whole stall
+        window: the loop is hung, whatever /health says. The loop last answered at the end of
+        the last good scrape; this one proves it silent until its own timeout."""
+        if not self.settings.metrics_from_engine_loop or obs.error != "timeout":
+            return False
+        assert self._unreachable_since is not None
+        since = self._last_answer_t if self._last_answer_t is not None else self._unreachable_since
+        return obs.t + (obs.elapsed_s or 0.0) - since >= self.settings.stall_seconds
+
+    def _on_health(self, obs: HealthObs) -> list[Transition]:
+        if obs.error == "timeout":
+            self._health_timeout_since = self._health_timeout_since or obs.t
+        else:
+            self._health_timeout_since = None
+        if obs.status == 503 and self._first_good_t is not None and not self._restarting(obs.t):
+            # vLLM answers 503 only once the engine core is known dead (FACTS.md).
+            self._dead = "/health answered 503"
+            return self._reevaluate(obs.t, force=True)
+        if obs.status == 200 and self._dead is not None:
+            # Healthy again after being dead: a new engine. What we held against the old one
+            # (a failed canary, a quiet clock) says nothing about it.
+            self._dead = None
+            for track in self._tracks.values():
+                track.wedged, track.quiet_since = False, None
+                track.note = "/health is 200 again: a new engine"
+            return self._reevaluate(obs.t)
+        return []
+
+    def _on_restart(self, obs: RestartObs) -> list[Transition]:
+        """Nothing of the ended engine counts against the next one: not its death (we caused
+        it), nor its processes, canaries or quiet clocks."""
+        self._restart = RestartWindow(since=obs.t, gap=obs.replaced)
+        self._dead, self._health_timeout_since = None, None
+        self.signals = Signals()
+        for track in self._tracks.values():
+            track.quiet_since, track.wedged, track.moved = None, False, False
+        return self._set_restarting(obs.t, obs.detail or None)
+
+    def _old_engine_answers(self, obs: ScrapeObs) -> list[Transition]:
+        """The ended engine's API server may serve its last values for a few seconds more."""
+        for sample in obs.engines:
+            if (track := self._tracks.get(sample.engine)) is not None:
+                track.last = sample
+        return self._set_restarting(obs.t, None)
+
+    def _restarting(self, t: float) -> bool:
+        return self._restart.active(t, self.settings.restart_grace_seconds)
+
+    def _set_restarting(self, t: float, note: str | None) -> list[Transition]:
+        return [
+            c
+            for track in self._tracks.values()
+            for c in self._set(track, t, State.STARTING, Cause.RESTARTING, note=note)
+        ]
+
+    def _on_canary(self, obs: CanaryObs) -> None:
+        tracks = [k for k in self._tracks.values() if k.last is not None]
+        if obs.ok and len(tracks) == 1 and tracks[0].quiet_since is not None:
+            # Proof of life. With several ranks the canary's own token shows which one lived.
+            tracks[0].quiet_since = obs.t
+            tracks[0].note = f"canary completed in {obs.latency_s or 0:.1f} s"
+        for k in tracks:
+            if obs.ok:
+                k.wedged = False
+            elif (
+                obs.is_evidence
+                and k.verdict.state is State.IDLE
+                # Sent after the engine went idle and after its last progress: otherwise the
+                # engine has shown life since, and the canary's failure is old news.
+                and obs.sent >= max(k.verdict.since or 0.0, k.last_progress_t or 0.0)
+            ):
+                k.wedged = True
+                k.note = f"canary failed ({obs.error}) while the engine looked idle"
+
+    # -- judgement -------------------------------------------------------------------------
+
+    def _reevaluate(self, t: float, force: bool = False) -> list[Transition]:
+        if self._restarting(t):
+            return []  # nothing of the ended engine is judged until the next one answers
+        if self._unreachable_since is not None and not force:
+            if self._first_good_t is None or not self._engine_gone():
+                return []  # the last scrape failed: its verdict stands until the next one
+            return [c for k in self._tracks.values() for c in self._set_dead(k, t)]
+        changes = []
+        for track in self._tracks.values():
+            if track.last is not None:
+                changes += self._evaluate(track, t)
+        return changes
+
+    def _evaluate(self, track: Track, t: float) -> list[Transition]:
+        assert track.last is not None and self._first_good_t is not None
+        s = track.last
+        if self._dead or self._engine_gone():
+            return self._set_dead(track, t)
+        if s.asleep:
+            return self._set(track, t, State.SLEEPING, None)
+        if track.quiet_since is None:
+            if track.wedged:
+                return self._set(track, t, State.STALLED, Cause.WEDGED_IDLE)
+            # Requests so short that no scrape sees them running still move the counters.
+            return self._set(track, t, State.PROGRESSING if track.moved else State.IDLE, None)
+        if self.signals.gpu_computing():
+            track.quiet_since = t  # "the GPU computes" is a sign of life (long prefill)
+        flat = t - track.quiet_since
+        assert self._first_good_t is not None
+        state, cause, note = busy_state(
+            self.settings, self.signals, s, (track.quiet_since, t), self._first_good_t
+        )
+        return self._set(track, t, state, cause, flat, note)
+
+    def _gone_since(self) -> float:
+        """Process samples older than the engine's return, or than the last progress seen,
+        say nothing about whether the engine core is there now."""
+        progress = [k.last_progress_t or 0.0 for k in self._tracks.values()]
+        return max([self._reachable_since or 0.0, *progress])
+
+    def _engine_gone(self) -> bool:
+        return self.signals.engine_gone(self._gone_since()) is not None
+
+    def _set_dead(self, track: Track, t: float) -> list[Transition]:
+        gone = self.signals.engine_gone(self._gone_since())
+        note = self._dead or (gone.evidence if gone else None)
+        return self._set(track, t, State.STALLED, Cause.ENGINE_DEAD, note=note)
+
+    def _set(
+        self,
+        track: Track,
+        t: float,
+        state: State,
+        cause: str | None,
+        flat: float = 0.0,
+        note: str | None = None,
+    ) -> list[Transition]:
+        old = track.verdict
+        changed = old.state != state or old.cause != cause
+        notes = tuple(n for n in (track.note, note) if n)
+        track.verdict = replace(
+            old,
+            t=t,
+            state=state,
+            cause=cause,
+            since=t if changed else old.since,
+            seconds_without_progress=round(flat, 3),
+            last_progress_t=track.last_progress_t,
+            evidence=notes if changed or notes else old.evidence,
+        )
+        track.note = None
+        return [Transition(old.state, track.verdict)] if changed else []

@@ -1,0 +1,237 @@
+"""Plain data crossing every boundary: probes emit it, the detector reads it, reporters print it.
+
+Everything here is a frozen dataclass with no behaviour beyond small derived properties, so it
+can be recorded, replayed and compared bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Word(str, Enum):
+    """A word of the typed vocabulary: compares, prints and serialises as its value (on every
+    Python: a plain ``(str, Enum)`` formats as ``Class.NAME`` in f-strings from 3.11)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class State(Word):
+    """Verdict states, from least to most alarming (see SEVERITY)."""
+
+    STARTING = "starting"
+    IDLE = "idle"
+    SLEEPING = "sleeping"
+    PROGRESSING = "progressing"
+    SUSPECT = "suspect"
+    UNREACHABLE = "unreachable"
+    STALLED = "stalled"
+
+
+SEVERITY: dict[State, int] = {s: i for i, s in enumerate(State)}
+
+
+class Cause(Word):
+    """Why a verdict is stalled, suspect or starting (unreachable verdicts carry the failed
+    probe's own error code instead: timeout, connection-refused, http-503...)."""
+
+    ENGINE_DEAD = "engine-dead"
+    """/health answered 503, or the engine-core process is gone."""
+    STOPPED = "stopped"
+    """An engine process stopped (state T) in two samples."""
+    GPU_SPIN = "gpu-spin"
+    """The engine's GPUs busy with no tensor or DRAM activity: a spin-wait."""
+    HOST_DEADLOCK = "host-deadlock"
+    """Engine CPU idle and GPU idle while requests wait."""
+    HOST_BUSY = "host-busy"
+    """An engine process busy on the CPU with no progress."""
+    ADMISSION_STALL = "admission-stall"
+    """Requests waiting, none running."""
+    NO_PROGRESS = "no-progress"
+    """Work present and nothing moved; no more specific cause."""
+    API_UNRESPONSIVE = "api-unresponsive"
+    """/metrics and /health both time out for the stall window."""
+    WEDGED_IDLE = "wedged-idle"
+    """The metrics say idle but a canary fails (a scheduler frozen while idle)."""
+    RESTARTING = "restarting"
+    """(state starting) the watchdog restarted the engine and waits for the next one."""
+
+
+STALL_CAUSES: tuple[Cause, ...] = tuple(c for c in Cause if c is not Cause.RESTARTING)
+"""Causes a stalled verdict can carry."""
+
+
+class Action(Word):
+    """Rungs of the escalation ladder, in the order they run."""
+
+    CAPTURE = "capture"
+    ABORT = "abort"
+    RESTART = "restart"
+    LIVENESS = "liveness"
+
+
+RUNGS: tuple[Action, ...] = tuple(Action)
+
+
+class Result(Word):
+    """What an action did."""
+
+    OK = "ok"
+    FAILED = "failed"
+    NOT_AVAILABLE = "not-available"
+    SKIPPED = "skipped"
+    DRY_RUN = "dry_run"
+    RATE_LIMITED = "rate_limited"
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    """One data-parallel rank's series from one scrape."""
+
+    engine: str
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    asleep: bool
+    progress: dict[str, float] = field(default_factory=dict)
+    """Logical progress signal (profile key) -> counter value; NaN values are left out. A key
+    starting with "~" is carried by a gauge: any change is progress, a drop is no restart."""
+
+
+@dataclass(frozen=True)
+class ScrapeObs:
+    """A scrape of the engine's /metrics, parsed. ``error`` set means no usable answer."""
+
+    t: float
+    engines: tuple[EngineSample, ...] = ()
+    error: str | None = None
+    """Short code: timeout, connection-refused, http-<status>, too-large, no-engine-series..."""
+    detail: str | None = None
+    """One line for humans saying what was found and what to check."""
+    status: int | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass(frozen=True)
+class HealthObs:
+    """The engine's own /health answer (status None: no answer, see error)."""
+
+    t: float
+    status: int | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One engine process as the process table shows it."""
+
+    pid: int
+    ppid: int
+    role: str
+    """api-server | engine-core | worker | dp-coordinator | other"""
+    title: str
+    state: str
+    """running | sleeping | disk-wait | stopped | zombie | gone (psutil's names, normalised)"""
+    cpu_s: float
+    ns_pid: int | None = None
+    """The PID inside the process's own PID namespace when it differs (containers)."""
+
+
+@dataclass(frozen=True)
+class ProcsObs:
+    t: float
+    procs: tuple[ProcInfo, ...]
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    util_pct: float | None
+    power_w: float | None
+    sm_pct: float | None = None
+    tensor_pct: float | None = None
+    dram_pct: float | None = None
+    pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuObs:
+    t: float
+    gpus: tuple[GpuInfo, ...]
+
+
+@dataclass(frozen=True)
+class CanaryObs:
+    """A 1-token request through the engine's own API. ok=True proves the engine is alive."""
+
+    t: float
+    ok: bool
+    latency_s: float | None = None
+    error: str | None = None
+    """timeout, disconnected, http-5xx: evidence; unusable:... (4xx, no model): ignored."""
+    sent_t: float | None = None
+    """When the request was sent (defaults to t - latency_s)."""
+
+    @property
+    def sent(self) -> float:
+        if self.sent_t is not None:
+            return self.sent_t
+        return self.t - (self.latency_s or 0.0)
+
+    @property
+    def is_evidence(self) -> bool:
+        """A failure that says something about the engine (not about the canary itself)."""
+        return self.ok or not (self.error or "").startswith("unusable")
+
+
+@dataclass(frozen=True)
+class RestartObs:
+    """The watchdog itself ended the engine so that it starts again: what follows is a
+    start-up, not a death."""
+
+    t: float
+    detail: str = ""
+    replaced: bool = False
+    """The next engine was already started when this was noted (supervise mode): whatever
+    answers next is it. Otherwise the ended engine's API server may still answer a while."""
+
+
+Observation = ScrapeObs | HealthObs | ProcsObs | GpuObs | CanaryObs | RestartObs
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The detector's judgement of one engine (data-parallel rank) at time ``t``."""
+
+    t: float
+    engine: str
+    state: State
+    cause: str | None = None
+    """Why, for stalled/suspect/unreachable (e.g. no-progress, stopped, engine-dead)."""
+    since: float | None = None
+    """When the engine entered this state."""
+    seconds_without_progress: float = 0.0
+    last_progress_t: float | None = None
+    evidence: tuple[str, ...] = ()
+    """Short human-readable facts behind the verdict, newest last."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A change of verdict state for one engine."""
+
+    old: State | None
+    new: Verdict
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a recovery action did."""
+
+    result: Result
+    detail: str = ""

@@ -1,0 +1,208 @@
+"""Every settings type, on the ground floor: frozen dataclasses with a docstring per field.
+
+The command line fills them (cli/options.py: one option group per section), tests build them
+directly. Nothing here does I/O; :func:`validate` checks a whole :class:`WatchSettings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from engine_watchdog.core.model import RUNGS, Action
+
+
+class SettingsError(ValueError):
+    """Bad input; the message names the fix. The CLI prints it as one line and exits 64."""
+
+    exit_code = 64
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    interval_s: float = 1.0
+    """Seconds between probe rounds."""
+    scrape_timeout_s: float = 10.0
+    """Timeout of one GET /metrics or /health. Longer than the interval is allowed."""
+    max_scrape_bytes: int = 16 * 1024 * 1024
+    """A /metrics body larger than this is an error (protects the watchdog's memory)."""
+    health: bool = True
+    """Also poll the engine's /health (tells a dead engine from an unreachable one)."""
+    canary: bool = True
+    """Send a 1-token canary request when in doubt (some operators forbid synthetic traffic)."""
+    canary_timeout_s: float = 8.0
+    """A canary that takes longer than this has failed."""
+    procs: bool = True
+    """Sample the engine's processes (state, CPU time) from the process table."""
+    gpu: bool = True
+    """Sample the GPUs through NVML (off by itself, said once, where there is none)."""
+    pids: tuple[int, ...] = ()
+    """Engine processes given explicitly; empty: found from the server's port and titles."""
+
+
+@dataclass(frozen=True)
+class DetectorSettings:
+    stall_seconds: float = 30.0
+    """Seconds without progress, while work is present, before the verdict is stalled."""
+    suspect_seconds: float = 5.0
+    """Seconds without progress, while work is present, before the verdict is suspect."""
+    startup_grace_seconds: float = 10.0
+    """No stalled verdict until this long after the first good scrape."""
+    fast_stall_seconds: float = 10.0
+    """With strong evidence (engine stopped, GPU spin-waiting, a failed canary): stalled after
+    this many seconds without progress instead of --stall-seconds."""
+    canary_after_seconds: float = 5.0
+    """Ask for a canary once progress has been flat this long with work present."""
+    idle_canary_seconds: float = 60.0
+    """Ask for a canary this often while the engine looks idle (a wedged idle engine looks idle)."""
+    restart_grace_seconds: float = 300.0
+    """After the watchdog restarted the engine: how long it is "starting" (not dead) until it
+    answers /metrics again. Past this the usual judgement resumes: engine-dead."""
+    metrics_from_engine_loop: bool = False
+    """The engine's /metrics is answered by its engine loop (llama.cpp's server): /metrics timing
+    out for the stall window is then a stall, not an unreachable server."""
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    max_restarts: int = 3
+    """At most this many restarts per window."""
+    window_s: float = 3600.0
+    """The window the limit counts over."""
+    backoff_s: float = 30.0
+    """After the n-th restart in the window, wait backoff_s * 2**(n-1) before the next."""
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    actions: frozenset[Action] = frozenset({Action.CAPTURE})
+    """Rungs of the ladder that may run (capture, abort, restart, liveness); empty: none."""
+    dry_run: bool = False
+    """Log and report every action that would be taken; take none."""
+    abort_grace_s: float = 15.0
+    """After an abort, seconds for progress to resume before escalating."""
+    recover_timeout_s: float = 300.0
+    """After a restart, seconds for the engine to come back before escalating."""
+    rate_limit: RateLimit = field(default_factory=RateLimit)
+    """Restart rate limit and backoff."""
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    incident_dir: Path = Path("incidents")
+    """Where incident bundles (and the action history) go; created 0700 if missing."""
+    engine_log: Path | None = None
+    """The engine's log file; its tail goes into bundles."""
+    tar: bool = False
+    """Write bundles as ``<name>.tar.gz`` instead of a directory."""
+    step_timeout_s: float = 20.0
+    """Each capture step's own bound."""
+    log_tail_bytes: int = 1 << 20
+    """How much of the engine's log a bundle keeps."""
+    keep_count: int = 20
+    """Retention: at most this many bundles (oldest removed first)."""
+    keep_bytes: int = 2 << 30
+    """Retention: at most this many bytes of bundles in total (the newest is always kept)."""
+    py_spy: str | None = None
+    """The py-spy to run; None: py-spy on PATH, or beside this Python."""
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    restart_command: tuple[str, ...] = ()
+    """Restart the engine with this command (no shell) instead of killing its engine core."""
+    restart_timeout_s: float = 120.0
+    """Bound for the restart command."""
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    k8s_events: str | None = None
+    """Post Kubernetes Events for stalls and actions: "in-cluster", or an API base URL."""
+    alertmanager: str | None = None
+    """Alertmanager base URL: push EngineStalled alerts there (API v2), resolve on recovery."""
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    url: str
+    """Base URL of the engine's API server, e.g. http://127.0.0.1:8000."""
+    engine: str = "vllm"
+    """Engine profile name (see engine_watchdog/engines), or "auto"."""
+    probe: ProbeSettings = field(default_factory=ProbeSettings)
+    """How to probe."""
+    detector: DetectorSettings = field(default_factory=DetectorSettings)
+    """When to call a stall."""
+    policy: PolicySettings = field(default_factory=PolicySettings)
+    """What to do about a stall (the escalation ladder)."""
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
+    """Where and how incident bundles are written."""
+    recovery: RecoverySettings = field(default_factory=RecoverySettings)
+    """How the engine is restarted."""
+    report: ReportSettings = field(default_factory=ReportSettings)
+    """Where stalls and actions are announced beyond the watchdog's own metrics."""
+    listen: str | None = "127.0.0.1:9400"
+    """host:port for the watchdog's own /metrics, /livez, /readyz, /status; None: no server."""
+    as_json: bool = False
+    """Print each transition as a JSON line instead of a readable line."""
+    record: Path | None = None
+    """Append every observation to this JSON Lines trace (replayable)."""
+
+
+def parse_actions(values: tuple[str, ...]) -> frozenset[Action]:
+    """--action values (repeatable, comma lists) -> rungs; 'none' alone means no action."""
+    names = {n.strip() for v in values for n in v.split(",") if n.strip()}
+    unknown = names - {a.value for a in RUNGS} - {"none"}
+    if unknown:
+        raise SettingsError(
+            f"--action {', '.join(sorted(unknown))}: choose from none, {', '.join(RUNGS)}"
+        )
+    if "none" in names and len(names) > 1:
+        raise SettingsError("--action none cannot be combined with other actions")
+    return frozenset(Action(n) for n in names - {"none"})
+
+
+def normalise_url(url: str) -> str:
+    """Validate an engine base URL; accept host:port without a scheme."""
+    if "://" not in url:
+        url = f"http://{url}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError(f"not an engine URL: {url!r}; give one like http://127.0.0.1:8000")
+    try:
+        _ = parts.port  # raises ValueError on a malformed port
+    except ValueError:
+        raise SettingsError(f"bad port in {url!r}; give one like http://127.0.0.1:8000") from None
+    return url.rstrip("/")
+
+
+def parse_listen(listen: str, flag: str = "--listen") -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise SettingsError(f"{flag} {listen!r}: give host:port, e.g. 127.0.0.1:9400")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def validate(settings: WatchSettings) -> WatchSettings:
+    d, p = settings.detector, settings.probe
+    if p.interval_s <= 0:
+        raise SettingsError("--interval must be > 0 seconds")
+    if d.stall_seconds <= 0 or d.suspect_seconds < 0:
+        raise SettingsError("--stall-seconds must be > 0")
+    if d.stall_seconds < 2 * p.interval_s:
+        raise SettingsError("--stall-seconds must be at least twice --interval")
+    if p.canary_timeout_s <= 0:
+        raise SettingsError("--canary-timeout must be > 0 seconds")
+    if settings.listen is not None:
+        parse_listen(settings.listen)
+    return replace(settings, detector=fold_thresholds(d))
+
+
+def fold_thresholds(d: DetectorSettings) -> DetectorSettings:
+    """Earlier thresholds beyond the stall window mean nothing: fold them into it."""
+    return replace(
+        d,
+        suspect_seconds=min(d.suspect_seconds, d.stall_seconds),
+        fast_stall_seconds=min(d.fast_stall_seconds, d.stall_seconds),
+    )

@@ -1,0 +1,191 @@
+"""One watched target, assembled: watcher, reporters, supervisor, supervised child, trace.
+
+``watch`` runs one of these per engine (a per-node DaemonSet watches many); ``run`` runs one with
+a supervised child. Nothing here loops: the runner owns the tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import aiohttp
+
+from engine_watchdog.capture.steps import capture_steps
+from engine_watchdog.core.model import Action, Outcome, Transition, Verdict
+from engine_watchdog.core.settings import SettingsError, WatchSettings
+from engine_watchdog.recovery.actions import EngineActions
+from engine_watchdog.recovery.history import ActionHistory
+from engine_watchdog.recovery.supervise import ChildEngine
+from engine_watchdog.report.alertmanager import AlertmanagerReporter
+from engine_watchdog.report.console import transition_json, transition_line
+from engine_watchdog.report.k8s_events import EventsReporter, pod_from_env
+from engine_watchdog.report.metrics import WatchdogMetrics
+from engine_watchdog.runtime.supervisor import Supervisor
+from engine_watchdog.runtime.trace import TraceWriter
+from engine_watchdog.runtime.watcher import Reporter, Watcher
+
+log = logging.getLogger(__name__)
+HISTORY_FILE = "actions.jsonl"
+Task = Coroutine[Any, Any, None]
+
+
+class ConsoleReporter:
+    """Prints each transition as one line (readable or JSON)."""
+
+    def __init__(self, as_json: bool, out: Callable[[str], None] = print) -> None:
+        self.as_json = as_json
+        self.out = out
+
+    def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
+        for change in changes:
+            line = transition_json if self.as_json else transition_line
+            self.out(line(change, target))
+
+
+class MetricsReporter:
+    """Stall verdicts counted into the watchdog's own metrics; every probe's result through the
+    watcher's records. The verdicts themselves are read at scrape time."""
+
+    PROBES = {
+        "scrape": "metrics",
+        "health": "health",
+        "canary": "canary",
+        "gpu": "gpu",
+        "procs": "procs",
+    }
+
+    def __init__(self, metrics: WatchdogMetrics, watcher: Watcher) -> None:
+        self.metrics = metrics
+        self.watcher = watcher
+        metrics.start_target(watcher.target, lambda: watcher.verdicts)
+        watcher.listeners.append(self.on_record)
+
+    def on_record(self, rec: dict[str, Any]) -> None:
+        kind = str(rec.get("kind"))
+        probe = self.PROBES.get(kind)
+        if probe is None:
+            return  # not a probe's result (a restart we made, the settings judged with)
+        ok = rec["ok"] if "ok" in rec else rec.get("error") is None
+        self.metrics.observe_probe(self.watcher.target, probe, float(rec["t"]), bool(ok))
+        if kind == "scrape" and rec.get("elapsed_s") is not None:
+            self.metrics.scrape_duration.labels(self.watcher.target).observe(rec["elapsed_s"])
+
+    def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
+        self.metrics.count_stalls(target, changes)
+
+
+@dataclass
+class Target:
+    """Everything that watches one engine."""
+
+    settings: WatchSettings
+    watcher: Watcher
+    reporters: list[Reporter]
+    supervisor: Supervisor | None = None
+    child: ChildEngine | None = None
+    writer: TraceWriter | None = None
+    tasks: dict[str, Task] = field(default_factory=dict)
+
+    async def close(self) -> None:
+        self.watcher.close()
+        incident = self.supervisor.incident if self.supervisor else None
+        if incident is not None and not incident.done():
+            incident.cancel()
+        if self.child:
+            await self.child.stop()
+        if self.writer:
+            self.writer.close()
+
+
+async def assemble(
+    settings: WatchSettings,
+    session: aiohttp.ClientSession,
+    metrics: WatchdogMetrics,
+    out: Callable[[str], None],
+    command: list[str] | None = None,
+    echo_engine: bool = True,
+) -> Target:
+    watcher = Watcher(settings, session)
+    target = Target(settings, watcher, [ConsoleReporter(settings.as_json, out)])
+    target.reporters.append(MetricsReporter(metrics, watcher))
+    if settings.record:
+        target.writer = TraceWriter(settings.record)
+        watcher.listeners.append(target.writer.write)
+    # One history for both restart paths (the supervisor's and the supervised child's own), so
+    # the restart limit is counted in one memory.
+    history = ActionHistory(settings.capture.incident_dir / HISTORY_FILE)
+    if command:
+        target.child = _child(settings, command, history, echo_engine)
+        await target.child.start()
+        target.tasks[f"engine-exits:{settings.url}"] = target.child.watch_exits()
+    target.supervisor = _supervisor(settings, watcher, metrics, history, target.child)
+    if target.supervisor:
+        target.reporters.append(target.supervisor)
+    if settings.report.k8s_events:
+        _add_events(target, settings.report.k8s_events, session)
+    if settings.report.alertmanager:
+        pusher = AlertmanagerReporter(
+            session, settings.report.alertmanager, extra_labels=_pod_labels()
+        )
+        target.reporters.append(pusher)
+        if target.supervisor:
+            target.supervisor.listeners.append(pusher.on_action)
+        target.tasks[f"alertmanager:{settings.url}"] = pusher.run()
+    return target
+
+
+def _add_events(target: Target, where: str, session: aiohttp.ClientSession) -> None:
+    try:
+        pod = pod_from_env(None if where == "in-cluster" else where)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    events = EventsReporter(session, pod)
+    target.reporters.append(events)
+    if target.supervisor:
+        target.supervisor.listeners.append(events.on_action)
+    target.tasks[f"k8s-events:{target.settings.url}"] = events.run()
+
+
+def _child(
+    settings: WatchSettings, command: list[str], history: ActionHistory, echo: bool
+) -> ChildEngine:
+    log_path = settings.capture.engine_log or settings.capture.incident_dir / "engine.log"
+    return ChildEngine(command, log_path, history, settings.url, settings.policy.rate_limit, echo)
+
+
+def _supervisor(
+    settings: WatchSettings,
+    watcher: Watcher,
+    metrics: WatchdogMetrics,
+    history: ActionHistory,
+    child: ChildEngine | None,
+) -> Supervisor | None:
+    if not settings.policy.actions:
+        return None
+    capture = settings.capture
+    if capture.engine_log is None and child is not None:
+        capture = replace(capture, engine_log=child.log_path)
+    actions = EngineActions(
+        watcher,
+        capture,
+        settings.recovery,
+        steps=lambda destructive: capture_steps(destructive, watcher.gpu),
+        restarter=child.restart if child else None,
+        on_bundle=lambda target, cause: metrics.incidents.labels(target, cause).inc(),
+    )
+
+    def count(target: str, action: Action, phase: str, outcome: Outcome | None) -> None:
+        if phase == "end" and outcome is not None:
+            metrics.count_action(target, action, outcome)
+
+    return Supervisor(settings.policy, actions, history, [count])
+
+
+def _pod_labels() -> dict[str, str]:
+    """Where the watchdog runs in Kubernetes (the downward API sets these), for alert labels."""
+    names = {"POD_NAME": "pod", "POD_NAMESPACE": "namespace"}
+    return {label: os.environ[env] for env, label in names.items() if os.environ.get(env)}

