@@ -167,7 +167,7 @@ def _body(parts: dict[str, Part]) -> list[str]:
             "timeline",
         ),
         ("Where it is stuck** (engine-watchdog's reading of the stacks):", "where"),
-        ("Stacks** (py-spy; identical stacks in a process shown once):", "stacks"),
+        ("Stacks** (py-spy; identical stacks shown once):", "stacks"),
         ("Resembles known issues** (engine-watchdog's signatures):", "matches"),
         ("What was already tried** (the watchdog's actions and their results):", "actions"),
         ("Engine log** (tail):", "log"),

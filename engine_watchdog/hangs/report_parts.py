@@ -11,7 +11,7 @@ from typing import Any
 
 from engine_watchdog.hangs import stacks, timeline
 from engine_watchdog.hangs.secrets import scrub
-from engine_watchdog.hangs.view import BundleView, ProcView
+from engine_watchdog.hangs.view import BundleView, FrameView, ProcView
 
 NOT_IN_BUNDLE = "not in the bundle"
 _ROLE_ORDER = {"engine-core": 0, "worker": 1, "api-server": 2, "dp-coordinator": 3}
@@ -147,7 +147,18 @@ def stack_sections(
 ) -> list[str]:
     out: list[str] = []
     procs = [p for p in view.procs if p.threads and (roles is None or p.role in roles)]
+    shown: dict[tuple[tuple[FrameView, ...], ...], ProcView] = {}
     for p in sorted(procs, key=lambda p: (_ROLE_ORDER.get(p.role, 9), p.pid)):
+        # TP ranks often hold the very same stacks: show them once, name the others.
+        key = tuple(g.frames for g in stacks.groups(p))
+        if key in shown:
+            first = shown[key]
+            out += [
+                scrub(f"- PID {p.pid} {p.title or p.role}: the same stacks as PID {first.pid}"),
+                "",
+            ]
+            continue
+        shown[key] = p
         out += _proc_stacks(p, max_frames, main_only)
     return out or ["(no stacks in the bundle)", ""]
 

@@ -59,7 +59,7 @@ def test_sglang_reports_use_sglangs_template() -> None:
     text = report_of(FIXTURES / "sglang-overlap-copy-done-hang")
     assert text.index("### Describe the bug") < text.index("### Environment")
     assert "--disable-overlap-schedule" in text  # the reported workaround
-    assert "4 distinct stack(s)" not in text and "sglang::scheduler_TP3" in text
+    assert "PID 203 sglang::scheduler_TP3: the same stacks as PID 200" in text
 
 
 def test_the_watchdogs_actions_are_in_the_report(tmp_path: Path) -> None:
