@@ -193,3 +193,22 @@ def test_a_path_that_is_not_a_bundle_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "f.tar.gz").write_bytes(b"")
     with pytest.raises(BundleNotFound, match=r"unpack a \.tar\.gz first"):
         read_bundle(tmp_path / "f.tar.gz")
+
+
+def test_py_spy_04_qualified_names_match_too(tmp_path: Path) -> None:
+    """py-spy 0.4 names frames ``MultiprocExecutor.collective_rpc.<locals>.get_response`` (seen
+    on the real vLLM here); the reports quote ``get_response``. Both match."""
+    b = copy_fixture("vllm-mtp-engine-core-waits-on-workers", tmp_path)
+    qualified = {
+        "get_response": "MultiprocExecutor.collective_rpc.<locals>.get_response",
+        "step_with_batch_queue": "EngineCore.step_with_batch_queue",
+        "acquire_read": "MessageQueue.acquire_read",
+    }
+    threads = json.loads((b / "pyspy" / "200.json").read_text())
+    for f in threads[0]["frames"]:
+        f["name"] = qualified.get(f["name"], f["name"])
+    (b / "pyspy" / "200.json").write_text(json.dumps(threads))
+    assert (
+        top_signature_id(match_bundle(read_bundle(b), SIGS))
+        == "vllm-mtp-engine-core-waits-on-workers"
+    )
