@@ -1,0 +1,166 @@
+"""The signature file's data model: one :class:`Signature` per known hang, made of rules.
+
+Every rule kind reads one thing a bundle holds (docs/known-hangs.md has the file format):
+
+- ``frame``: a thread in a process of a role whose stack holds given frames;
+- ``gpu``: the GPU classification (spinning, computing, idle, busy), on any, all, or split GPUs;
+- ``gpu_model``: the GPU's model name;
+- ``flight_recorder``: the flight recorder's last collective per rank, or a mismatch between ranks;
+- ``log``: lines of the engine log;
+- ``flag``: a flag on the engine's command line (present, value, minimum);
+- ``cmdline``: words anywhere on the command line (the model name, a quantization);
+- ``env``: an environment variable of the engine's processes;
+- ``version``: the engine's version, found in the bundle, within a range.
+
+A rule with ``negate`` holds when its condition does not. A rule with ``required`` must hold for
+the signature to count at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FORMAT = "engine-watchdog/hang-signatures"
+FORMAT_VERSION = 1
+ROLES = ("engine-core", "worker", "api-server", "dp-coordinator", "any")
+ENGINES = ("vllm", "sglang", "trtllm", "tgi", "llamacpp", "any")
+GPU_STATES = ("spinning", "computing", "idle", "busy")
+GPU_SCOPES = ("any", "all", "split")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    why: str
+    """What the upstream report shows that this rule looks for (shown beside the evidence)."""
+    weight: int = 1
+    required: bool = False
+    negate: bool = False
+
+    @property
+    def kind(self) -> str:
+        return KIND_OF[type(self)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrameRule(Rule):
+    role: str = "any"
+    frames: tuple[str, ...] = ()
+    """Each pattern must match a frame of the same thread: ``func`` (a glob on the function name)
+    or ``func@file`` (the file name must contain ``file``)."""
+    any_frames: tuple[str, ...] = ()
+    """At least one of these patterns must match a frame of that thread too."""
+    processes: str = "any"
+    """``all``: every process of the role that has stacks has such a thread."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuRule(Rule):
+    state: str
+    scope: str = "any"
+    peer_state: str = "idle"
+    """For ``split``: at least one GPU in ``state`` and at least one in ``peer_state``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuModelRule(Rule):
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlightRecorderRule(Rule):
+    op: str = ""
+    """A fragment of the last collective's name (``all_reduce``); empty for any."""
+    state: str = ""
+    """The last collective's state (``scheduled``, ``started``, ``completed``); empty for any."""
+    mismatch: bool = False
+    """The ranks' last collectives differ (name or sequence number)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogRule(Rule):
+    any_of: tuple[str, ...] = ()
+    all_of: tuple[str, ...] = ()
+    none_of: tuple[str, ...] = ()
+    min_count: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlagRule(Rule):
+    names: tuple[str, ...]
+    """Spellings of one flag (``--tensor-parallel-size``, ``-tp``); ``_`` and ``-`` are equal."""
+    role: str = "any"
+    value_contains: str = ""
+    min_value: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CmdlineRule(Rule):
+    any_of: tuple[str, ...]
+    role: str = "any"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvRule(Rule):
+    name: str
+    equals: str | None = None
+    """None: the variable is set (to anything)."""
+    role: str = "any"
+
+
+@dataclass(frozen=True, kw_only=True)
+class VersionRule(Rule):
+    min_version: str = ""
+    max_version: str = ""
+
+
+KIND_OF: dict[type[Rule], str] = {
+    FrameRule: "frame",
+    GpuRule: "gpu",
+    GpuModelRule: "gpu_model",
+    FlightRecorderRule: "flight_recorder",
+    LogRule: "log",
+    FlagRule: "flag",
+    CmdlineRule: "cmdline",
+    EnvRule: "env",
+    VersionRule: "version",
+}
+RULE_TYPES: dict[str, type[Rule]] = {kind: cls for cls, kind in KIND_OF.items()}
+
+
+@dataclass(frozen=True)
+class Link:
+    ref: str
+    """``owner/repo#number``."""
+    url: str
+    shows: str
+    """What that report or PR shows, in a sentence."""
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    title: str
+    engine: str
+    summary: str
+    seen_in: tuple[str, ...]
+    fixed_in: str
+    workaround: str
+    links: tuple[Link, ...]
+    rules: tuple[Rule, ...]
+    not_confirmed: str = ""
+    """What the cited reports do not show (or what a claim about them did not hold)."""
+
+    @property
+    def total_weight(self) -> int:
+        return sum(r.weight for r in self.rules)
+
+
+@dataclass(frozen=True)
+class SignatureSet:
+    revision: str
+    signatures: tuple[Signature, ...]
+    source: str
+    """Where the set was read from (a path, or the installed file's name)."""
+
+    def ids(self) -> tuple[str, ...]:
+        return tuple(s.id for s in self.signatures)
