@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_watchdog.capture import evidence
+from engine_watchdog.capture.known_hangs import KnownHangs, known_hangs
 from engine_watchdog.capture.manifest import cause_of, draft_manifest, finish_manifest
 from engine_watchdog.capture.retention import new_tmp_dir, prune, tar_into_place
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
@@ -68,6 +69,8 @@ class BundleResult:
     elapsed_s: float
     removed: tuple[str, ...] = field(default_factory=tuple)
     """Old bundles removed by retention."""
+    signature: str = "none"
+    """The known hang it resembles most (a signature id), or "none"."""
 
 
 def _slug(text: str) -> str:
@@ -132,10 +135,9 @@ def _write_evidence(
     s: BundleSettings,
     procs: Sequence[ProcInfo],
     timeline: Sequence[Mapping[str, Any]],
-    info: SummaryInput,
     vers: Mapping[str, Any],
 ) -> None:
-    """Everything the writer adds itself, then summary.md. Blocking; OSError propagates."""
+    """Everything the writer adds itself but summary.md. Blocking; OSError propagates."""
     records = evidence.process_records(procs, s.proc_root)
     write_private(tmp / "processes.json", json.dumps(records, indent=2).encode())
     write_private(tmp / "versions.json", json.dumps(vers, indent=2).encode())
@@ -147,8 +149,14 @@ def _write_evidence(
         except OSError as e:
             tail = f"[engine-watchdog] could not read {log}: {e.strerror}\n".encode()
         write_private(tmp / "engine.log", tail)
-    groups = load_groups(tmp, procs, source_reader(s.proc_root))
+
+
+def _write_summary(tmp: Path, s: BundleSettings, info: SummaryInput, hangs: KnownHangs) -> None:
+    """summary.md: the story, where each thread is stuck, and the known hangs it resembles."""
+    groups = load_groups(tmp, info.procs, source_reader(s.proc_root))
     summary = render_summary(replace(info, groups=groups))
+    if hangs.section:
+        summary = summary.rstrip("\n") + "\n\n" + hangs.section.rstrip("\n") + "\n"
     write_private(tmp / "summary.md", summary.encode())
 
 
@@ -172,12 +180,16 @@ async def write_bundle(
             _run_steps(steps, ctx, settings.step_grace_s), evidence.versions(tools.get("py-spy"))
         )
         info = SummaryInput(created, settings.engine, verdict, procs, results, timeline)
-        await asyncio.to_thread(_write_evidence, tmp, settings, procs, timeline, info, vers)
+        await asyncio.to_thread(_write_evidence, tmp, settings, procs, timeline, vers)
         elapsed = time.monotonic() - t0
         draft = draft_manifest(
             name, created, settings.engine, settings.destructive, verdict, procs, results, elapsed
         )
-        manifest = await asyncio.to_thread(finish_manifest, tmp, draft)
+        hangs = await asyncio.to_thread(known_hangs, tmp, draft, settings.capture.signatures)
+        await asyncio.to_thread(_write_summary, tmp, settings, info, hangs)
+        manifest = await asyncio.to_thread(
+            finish_manifest, tmp, {**draft, "known_hangs": hangs.listed}
+        )
         final = await asyncio.to_thread(_into_place, tmp, settings, name)
     except OSError as e:
         await asyncio.to_thread(shutil.rmtree, tmp, True)
@@ -192,7 +204,9 @@ async def write_bundle(
         settings.capture.keep_bytes,
         final.name,
     )
-    return BundleResult(final, manifest, tuple(results), time.monotonic() - t0, tuple(removed))
+    return BundleResult(
+        final, manifest, tuple(results), time.monotonic() - t0, tuple(removed), hangs.top
+    )
 
 
 def _make_tmp(incident_dir: Path, name: str) -> Path:

@@ -39,6 +39,15 @@ def _events_target(value: str) -> str | None:
     return normalise_url(value)
 
 
+def checked_signatures(path: Path) -> Path:
+    """A signature file that loads, or a usage error naming what is wrong with it (at start,
+    not at the first incident)."""
+    from engine_watchdog.cli.hangscmd import signatures_or_exit
+
+    signatures_or_exit(path)
+    return path
+
+
 def _pids(values: Sequence[int]) -> tuple[int, ...]:
     return tuple(values)
 
@@ -153,6 +162,13 @@ CAPTURE = OptionGroup(
         click.Path(dir_okay=False, path_type=Path),
     ),
     Opt("--tar", "tar", "Bundles as .tar.gz."),
+    Opt(
+        "--signatures",
+        "signatures",
+        "Known-hang signature file bundles are matched against [default: the one shipped].",
+        click.Path(dir_okay=False, path_type=Path),
+        convert=checked_signatures,
+    ),
 )
 REPORT = OptionGroup(
     ReportSettings,

@@ -106,6 +106,8 @@ class CaptureSettings:
     """Retention: at most this many bytes of bundles in total (the newest is always kept)."""
     py_spy: str | None = None
     """The py-spy to run; None: py-spy on PATH, or beside this Python."""
+    signatures: Path | None = None
+    """Known-hang signature file to match bundles against; None: the one shipped."""
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ class EngineActions:
         recovery: RecoverySettings,
         steps: StepsFactory,
         restarter: Restarter | None = None,
-        on_bundle: Callable[[str, str], None] | None = None,
+        on_bundle: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.engine = engine
         self.capture_settings = capture
@@ -102,9 +102,12 @@ class EngineActions:
             return Outcome(Result.FAILED, str(exc))
         self.last_bundle = str(result.path)
         if self.on_bundle:
-            self.on_bundle(self.engine.target, verdict.cause or Cause.NO_PROGRESS)
+            self.on_bundle(self.engine.target, verdict.cause or Cause.NO_PROGRESS, result.signature)
         statuses = ", ".join(f"{s.name} {s.status}" for s in result.steps)
-        return Outcome(Result.OK, f"bundle {result.path} in {result.elapsed_s:.1f} s ({statuses})")
+        known = f"; resembles known hang {result.signature}" if result.signature != "none" else ""
+        return Outcome(
+            Result.OK, f"bundle {result.path} in {result.elapsed_s:.1f} s ({statuses}){known}"
+        )
 
     async def abort(self) -> Outcome:
         e = self.engine

@@ -28,6 +28,7 @@ from engine_watchdog.core.model import (
 
 PREFIX = "engine_watchdog_"
 PROBES = ("metrics", "health", "canary", "gpu", "procs")
+NO_SIGNATURE = "none"
 COUNTED_RESULTS = (Result.OK, Result.FAILED, Result.DRY_RUN, Result.RATE_LIMITED)
 """Action results created at 0 for every target, so increase() sees the first one."""
 VerdictSource = Callable[[], Mapping[str, Verdict]]
@@ -46,7 +47,14 @@ class WatchdogMetrics:
         self.stalls = _counter(
             r, "stall_verdicts", "Stall verdicts by cause.", "target", "engine", "cause"
         )
-        self.incidents = _counter(r, "incidents", "Incident bundles written.", "target", "cause")
+        self.incidents = _counter(
+            r,
+            "incidents",
+            "Incident bundles written, by cause and the known hang they resemble most.",
+            "target",
+            "cause",
+            "signature",
+        )
         self.actions = _counter(
             r, "actions", "Recovery actions by action and result.", "target", "action", "result"
         )
@@ -68,7 +76,7 @@ class WatchdogMetrics:
         self.restart_limited[target] = False
         for cause in STALL_CAUSES:
             self.stalls.labels(target, "0", cause)
-            self.incidents.labels(target, cause)
+            self.incidents.labels(target, cause, NO_SIGNATURE)
         for action in RUNGS:
             for result in COUNTED_RESULTS:
                 self.actions.labels(target, action, result)
@@ -86,6 +94,11 @@ class WatchdogMetrics:
             if change.new.state is State.STALLED:
                 cause = change.new.cause or Cause.NO_PROGRESS
                 self.stalls.labels(target, change.new.engine, cause).inc()
+
+    def count_incident(self, target: str, cause: str, signature: str) -> None:
+        """A bundle was written. ``signature``: the top known-hang id, or "none"; its values
+        are bounded by the signature file (docs/known-hangs.md), not by the incidents."""
+        self.incidents.labels(target, cause, signature).inc()
 
     def count_action(self, target: str, action: Action, outcome: Outcome) -> None:
         self.actions.labels(target, action, outcome.result.replace("-", "_")).inc()

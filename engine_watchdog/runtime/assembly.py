@@ -175,7 +175,7 @@ def _supervisor(
         settings.recovery,
         steps=lambda destructive: capture_steps(destructive, watcher.gpu),
         restarter=child.restart if child else None,
-        on_bundle=lambda target, cause: metrics.incidents.labels(target, cause).inc(),
+        on_bundle=metrics.count_incident,
     )
 
     def count(target: str, action: Action, phase: str, outcome: Outcome | None) -> None:
