@@ -26,10 +26,11 @@ async def engine_fault_state(sim_http: Any, sim: Any) -> str:
     return str(doc["engines"]["0"]["state"]) if status == 200 else ""
 
 
-async def test_bundle_of_a_deadlocked_simulator_shows_the_blocked_frame(
-    sim_factory: Any, sim_http: Any, poll: Any, tmp_path: Path
-) -> None:
-    sim = await sim_factory("--fault", "deadlock")
+async def capture_fired(
+    fault: str, sim_factory: Any, sim_http: Any, poll: Any, tmp_path: Path
+) -> tuple[Any, Any]:
+    """A simulator whose ``fault`` has fired under one stream, captured: (result, processes)."""
+    sim = await sim_factory("--fault", fault)
     events: list[Any] = []
     stream = asyncio.create_task(sim_http.stream(sim, events, max_tokens=50))
     try:
@@ -37,7 +38,7 @@ async def test_bundle_of_a_deadlocked_simulator_shows_the_blocked_frame(
         async def fired() -> bool:
             return await engine_fault_state(sim_http, sim) == "fired"
 
-        await poll(fired, timeout=20.0, what="deadlock fired in the engine core")
+        await poll(fired, timeout=20.0, what=f"{fault} fired in the engine core")
         obs = await sample_procs_async(sim.url)
         roles = {p.role for p in obs.procs}
         assert {"api-server", "engine-core"} <= roles
@@ -54,6 +55,13 @@ async def test_bundle_of_a_deadlocked_simulator_shows_the_blocked_frame(
         stream.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await stream
+    return res, obs
+
+
+async def test_bundle_of_a_deadlocked_simulator_shows_the_blocked_frame(
+    sim_factory: Any, sim_http: Any, poll: Any, tmp_path: Path
+) -> None:
+    res, obs = await capture_fired("deadlock", sim_factory, sim_http, poll, tmp_path)
     assert res.steps[0].status == "ok", res.steps[0].detail
     core = next(p for p in obs.procs if p.role == "engine-core")
     stacks = json.loads((res.path / "pyspy" / f"{core.pid}.json").read_text())
@@ -63,3 +71,14 @@ async def test_bundle_of_a_deadlocked_simulator_shows_the_blocked_frame(
     assert "blocked acquiring a lock in _step_with_lock" in summary
     assert summary.startswith("# vllm stalled (host-deadlock)")
     assert res.path.name.endswith("-vllm-host-deadlock")
+
+
+@pytest.mark.parametrize("fault", ["deadlock", "spin"])
+async def test_no_known_hang_is_claimed_for_a_simulated_fault(
+    fault: str, sim_factory: Any, sim_http: Any, poll: Any, tmp_path: Path
+) -> None:
+    """The shipped signatures describe real engines' hangs; none is meant for the simulator's
+    faults, so a match would be a wrong one."""
+    res, _ = await capture_fired(fault, sim_factory, sim_http, poll, tmp_path)
+    assert res.signature == "none" and res.manifest["known_hangs"] == []
+    assert "Nothing in this bundle matches a known hang" in (res.path / "summary.md").read_text()
