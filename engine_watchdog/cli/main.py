@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -121,7 +122,9 @@ def check(timeout: float | None, **kw: Any) -> None:
 
     urls = TARGETS.take(kw)
     as_json = JSON.take(kw)
-    settings = for_each(watch_settings(kw), urls)
+    base = watch_settings(kw)
+    base = replace(base, probe=replace(base.probe, health_every_round=False))
+    settings = for_each(base, urls)
     budget = timeout if timeout is not None else settings[0].detector.stall_seconds + 10
     results = asyncio.run(run_checks(settings, budget))
     code, lines = check_lines(results, settings, as_json)

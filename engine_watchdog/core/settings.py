@@ -29,6 +29,10 @@ class ProbeSettings:
     """A /metrics body larger than this is an error (protects the watchdog's memory)."""
     health: bool = True
     """Also poll the engine's /health (tells a dead engine from an unreachable one)."""
+    health_every_round: bool = True
+    """Poll /health every round; False (``check``): in the first round and after a failed
+    scrape only. A one-shot verdict needs it when the metrics do not answer, and a fleet sweep
+    then sends half the requests."""
     canary: bool = True
     """Send a 1-token canary request when in doubt (some operators forbid synthetic traffic)."""
     canary_timeout_s: float = 8.0

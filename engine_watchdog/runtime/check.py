@@ -7,7 +7,9 @@ progress for a while, but not yet --stall-seconds, when --timeout ran out), 64 u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import resource
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,8 +24,13 @@ from engine_watchdog.report.console import verdict_dict
 from engine_watchdog.runtime.watcher import Watcher
 
 EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, EXIT_UNDECIDED = 0, 1, 2, 3
-FLEET_CONCURRENCY = 100
-"""Engines judged at once; each holds a connection or two to its engine."""
+FLEET_CONCURRENCY_MAX = 1000
+"""Engines judged at once, at most: more only adds event-loop work per round and slows each
+round down, so a check of one engine could overrun its own interval."""
+SOCKETS_PER_CHECK = 3
+"""/metrics, /health and a canary may be open at once for one engine."""
+FD_RESERVE = 64
+"""File descriptors kept for everything else (logs, the event loop, DNS, NVML)."""
 # Scrape errors that will not heal by waiting: give up at once.
 _HOPELESS = ("connection-refused", "no-engine-series", "http-404", "too-large")
 _QUIET = (State.IDLE, State.SLEEPING)
@@ -83,26 +90,47 @@ async def run_check(
     if session is None:
         async with aiohttp.ClientSession() as own:
             return await run_check(settings, timeout_s, own)
-    watcher = Watcher(settings, session)
+    watcher = Watcher(settings, session, records=False)
     try:
         return await _observe(watcher, time.monotonic() + timeout_s)
     finally:
         watcher.close()
 
 
+def fleet_concurrency() -> int:
+    """How many engines to judge at once: as many as the file-descriptor limit allows (the
+    soft limit is raised to the hard one first, which needs no privilege), at most
+    FLEET_CONCURRENCY_MAX. A check never opens more sockets than the limit allows."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = FLEET_CONCURRENCY_MAX * SOCKETS_PER_CHECK + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    if soft == resource.RLIM_INFINITY:
+        return FLEET_CONCURRENCY_MAX
+    return max(1, min(FLEET_CONCURRENCY_MAX, (soft - FD_RESERVE) // SOCKETS_PER_CHECK))
+
+
 async def run_checks(
-    settings: Sequence[WatchSettings], timeout_s: float, concurrency: int = FLEET_CONCURRENCY
+    settings: Sequence[WatchSettings], timeout_s: float, concurrency: int | None = None
 ) -> list[CheckResult]:
-    """Judge many engines concurrently (bounded), one result each, in the order given."""
+    """Judge many engines concurrently (bounded), one result each, in the order given.
+
+    Each engine gets a session of its own, closed when its verdict is in: its connections are
+    reused between its rounds and none outlives its check, so at most ``concurrency`` engines'
+    sockets are open at once (a shared pool would keep every finished engine's idle one)."""
+    concurrency = concurrency or min(len(settings), fleet_concurrency())
     gate = asyncio.Semaphore(concurrency)
-    connector = aiohttp.TCPConnector(limit=concurrency)
 
-    async def one(s: WatchSettings, session: aiohttp.ClientSession) -> CheckResult:
+    async def one(s: WatchSettings) -> CheckResult:
         async with gate:
-            return await run_check(s, timeout_s, session)
+            connector = aiohttp.TCPConnector(limit=SOCKETS_PER_CHECK)
+            async with aiohttp.ClientSession(connector=connector) as session:
+                return await run_check(s, timeout_s, session)
 
-    async with aiohttp.ClientSession(connector=connector) as session:
-        return list(await asyncio.gather(*(one(s, session) for s in settings)))
+    return list(await asyncio.gather(*(one(s) for s in settings)))
 
 
 def worst_code(codes: Sequence[int]) -> int:

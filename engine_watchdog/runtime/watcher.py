@@ -78,7 +78,11 @@ class Watcher:
         session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
         gpu: GpuProbe | None = None,
+        records: bool = True,
     ) -> None:
+        """``records``: keep each round's records for the timeline (bundles) and the trace
+        writers; a one-shot ``check`` needs neither."""
+        self.records = records
         self.settings = settings
         self.target = settings.url
         self.session = session
@@ -170,13 +174,17 @@ class Watcher:
     def _probes(self) -> list[Any]:
         probe = self.settings.probe
         jobs: list[Any] = [self._scrape()]
-        if probe.health:
+        if probe.health and (probe.health_every_round or self._health_wanted()):
             jobs.append(self._health())
         if probe.procs:
             jobs.append(self._procs())
         if self.gpu is not None:
             jobs.append(self._gpu(self.gpu))
         return jobs
+
+    def _health_wanted(self) -> bool:
+        """In the first round, and while /metrics does not answer (dead or unreachable?)."""
+        return self.last_scrape is None or self.last_scrape.error is not None
 
     async def _scrape(self) -> Observation:
         probe = self.settings.probe
@@ -200,10 +208,11 @@ class Watcher:
             if self.profile.metrics_path != profile_path:
                 return await self._scrape()  # e.g. trtllm-serve's Prometheus text lives elsewhere
         obs = parse_scrape(raw, self.profile)
-        if raw.body is not None:
-            # Traces keep only what the profile reads: a few KB instead of hundreds.
-            raw = replace(raw, body=filter_body(raw.body, self.profile.wanted_series()))
-        self._remember(encode_scrape(raw))
+        if self.records:
+            if raw.body is not None:
+                # Traces keep only what the profile reads: a few KB instead of hundreds.
+                raw = replace(raw, body=filter_body(raw.body, self.profile.wanted_series()))
+            self._remember(encode_scrape(raw))
         self.last_scrape = obs
         return obs
 
@@ -276,7 +285,8 @@ class Watcher:
 
     def _remember(self, rec: dict[str, Any]) -> None:
         """Hold a record until the round ends: probes finish in any order."""
-        self._round.append(rec)
+        if self.records:
+            self._round.append(rec)
 
     def _publish(self) -> None:
         """The round's records, in time order, into the timeline (for bundles) and to the trace

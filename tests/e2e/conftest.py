@@ -22,7 +22,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 
 import pytest
 
-from tests.tools.vllm_env import VllmEnv, VllmEnvError, ensure_vllm_env
+from tests.tools.vllm_env import NEWEST, VllmEnv, VllmEnvError, ensure_vllm_env
 from tests.tools.vllm_server import LIVE_SERVERS, VllmServer, start_server, stop_server
 
 ServerFactory = Callable[..., VllmServer]
@@ -76,11 +76,23 @@ def vllm_env() -> VllmEnv:
 
 
 @pytest.fixture(scope="module")
+def vllm_version() -> str:
+    """The vLLM CPU build a module's servers run; a module overrides this fixture (e.g.
+    parametrized over NEWEST and OLDEST) to run its tests on several releases."""
+    return NEWEST
+
+
+@pytest.fixture(scope="module")
 def vllm_server_factory(
-    vllm_env: VllmEnv, tmp_path_factory: pytest.TempPathFactory
+    vllm_env: VllmEnv, vllm_version: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerFactory]:
     """Start real vLLM servers; all of them are stopped when the module ends."""
     servers: list[VllmServer] = []
+    if vllm_version != NEWEST:
+        try:
+            vllm_env = ensure_vllm_env(vllm_version)
+        except VllmEnvError as exc:
+            pytest.fail(f"vLLM {vllm_version} environment unavailable: {exc}", pytrace=False)
 
     def start(
         extra_args: Sequence[str] = (), extra_env: Mapping[str, str] | None = None
@@ -90,7 +102,7 @@ def vllm_server_factory(
             vllm_env, log_dir / "server.log", extra_args=extra_args, extra_env=extra_env
         )
         servers.append(server)
-        print(f"\n[e2e] vLLM ready on {server.base_url} in {server.startup_s:.1f} s")
+        print(f"\n[e2e] vLLM {vllm_version} ready on {server.base_url} in {server.startup_s:.1f} s")
         return server
 
     try:

@@ -22,10 +22,25 @@ from typing import Any
 
 import pytest
 
+from engine_watchdog.engines import VLLM
 from engine_watchdog.sim.loadgen import StreamingLoad
-from tests.tools.vllm_server import VllmServer, engine_core_stopped
+from tests.tools.vllm_env import NEWEST, OLDEST
+from tests.tools.vllm_server import (
+    ENGINE_CORE_TITLE,
+    VllmServer,
+    engine_core_stopped,
+    process_title,
+    scrape,
+)
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module", params=[NEWEST, OLDEST], ids=lambda v: f"vllm-{v}")
+def vllm_version(request: pytest.FixtureRequest) -> str:
+    """The seed's symptom on the newest CPU build and on the oldest one installable here."""
+    return str(request.param)
+
 
 STALL_S = 10.0
 DETECT_BOUND_S = STALL_S + 5.0
@@ -80,6 +95,22 @@ def _parse_json(stdout: str, output: str) -> dict[str, Any]:
         pytest.fail(f"check --json printed no JSON object:\n{output}")
     assert isinstance(report, dict), output
     return report
+
+
+async def test_the_names_the_vllm_profile_reads_are_served(
+    vllm_server: VllmServer, vllm_version: str
+) -> None:
+    """What the support table (docs/engines.md) records for this release: the series the
+    profile reads and the process titles discovery relies on."""
+    names = {line.split("{")[0].split(" ")[0] for line in (await scrape(vllm_server)).splitlines()}
+    names = {n for n in names if n.startswith("vllm:")}
+    needed = {"vllm:num_requests_running", "vllm:num_requests_waiting"}
+    needed |= {"vllm:generation_tokens_total", "vllm:iteration_tokens_total_count"}
+    assert needed <= names, sorted(needed - names)
+    read = sorted(VLLM.wanted_series() & names)
+    titles = sorted({process_title(p).split()[0] for p in vllm_server.descendants()})
+    print(f"\n[e2e] vLLM {vllm_version}: profile series served {read}; processes {titles}")
+    assert any(t.startswith(ENGINE_CORE_TITLE) for t in titles), titles
 
 
 async def test_check_on_idle_server_exits_0(vllm_server: VllmServer) -> None:

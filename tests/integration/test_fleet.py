@@ -16,7 +16,7 @@ import aiohttp
 from engine_watchdog.sim.launcher import free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.integration.conftest import SimFactory, SimHttp
-from tests.tools.cli import run_cli
+from tests.tools.cli import CONSOLE_SCRIPT, Ran, run_cli
 from tests.tools.watch import fired, get, metric
 from tests.waiting import eventually
 
@@ -91,3 +91,43 @@ async def test_one_watch_process_watches_many_engines(sim_factory: SimFactory) -
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+
+async def test_a_fleet_check_stays_within_the_file_descriptor_limit(tmp_path: Path) -> None:
+    """With a small RLIMIT_NOFILE (a container's default can be 1024, or less) a check of many
+    engines judges every one of them: it holds only as many at once as the limit allows,
+    instead of failing engines with 'Too many open files'."""
+    targets = tmp_path / "targets.txt"
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.fleet", "--count", "150", "--serve", str(targets),
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        await eventually(lambda: targets.exists(), timeout=60, what="150 engines serving")
+        ran = await _check_under_limit(targets, nofile=200)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        await server.wait()
+    doc = json.loads(ran.out)
+    assert ran.code == 0, (doc["summary"], ran.err[-2000:])
+    assert doc["summary"] == {"idle": 75, "progressing": 75}
+
+
+async def _check_under_limit(targets: Path, nofile: int) -> Ran:
+    """`check` as a user runs it, with its file-descriptor limit set by prlimit(1)."""
+    started = asyncio.get_running_loop().time()
+    proc = await asyncio.create_subprocess_exec(
+        "prlimit", f"--nofile={nofile}:{nofile}", str(CONSOLE_SCRIPT), "check", "--targets",
+        str(targets), "--json", "--no-canary", "--stall-seconds", "10",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    assert proc.returncode is not None
+    return Ran(
+        proc.returncode, out.decode(), err.decode(), asyncio.get_running_loop().time() - started
+    )

@@ -19,6 +19,7 @@ from aiohttp import web
 from engine_watchdog.core.settings import ProbeSettings, WatchSettings
 from engine_watchdog.runtime.watcher import Watcher
 from engine_watchdog.sim.launcher import free_port
+from tests.tools.cli import run_cli
 
 BODIES = {
     "tgi": "# TYPE tgi_queue_size gauge\ntgi_queue_size 1\ntgi_batch_current_size 1\n"
@@ -91,3 +92,52 @@ async def test_health_that_waits_on_the_engine_is_not_polled(engine: Engine) -> 
 async def test_vllm_health_is_polled_every_round(engine: Engine) -> None:
     await three_rounds(engine.url)
     assert engine.health_hits == 3  # vLLM's /health answers from the API server: a cheap probe
+
+
+@dataclass
+class Answering:
+    """A vLLM-shaped server whose /metrics and /health say what the test sets."""
+
+    url: str = ""
+    metrics_status: int = 200
+    health_status: int = 200
+    health_hits: int = 0
+
+
+@pytest.fixture
+async def answering() -> AsyncIterator[Answering]:
+    eng = Answering()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=BODIES["vllm"], status=eng.metrics_status)
+
+    async def health(_: web.Request) -> web.Response:
+        eng.health_hits += 1
+        return web.Response(text="", status=eng.health_status)
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics), web.get("/health", health)])
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    eng.url = f"http://127.0.0.1:{port}"
+    try:
+        yield eng
+    finally:
+        await runner.cleanup()
+
+
+async def test_check_asks_health_once_while_the_metrics_answer(answering: Answering) -> None:
+    """A one-shot check sends half the requests of a fleet sweep: /health in the first round
+    (a dead engine's 503 is seen at once) and again only when /metrics stops answering."""
+    quick = ("--no-canary", "--stall-seconds", "2", "--startup-grace", "0")
+    ran = await run_cli("check", answering.url, *quick)
+    assert ran.code == 1 and "no-progress" in ran.out  # flat with a request running
+    assert answering.health_hits == 1, answering.health_hits
+    answering.health_status, answering.health_hits = 503, 0
+    dead = await run_cli("check", answering.url, *quick)
+    assert dead.code == 1 and "engine-dead" in dead.out, dead.out
+    answering.metrics_status, answering.health_status, answering.health_hits = 500, 200, 0
+    down = await run_cli("check", answering.url, "--no-canary", "--timeout", "3")
+    assert down.code == 2 and answering.health_hits >= 2, (down.out, answering.health_hits)

