@@ -92,23 +92,28 @@ def test_capture_on_a_full_disk_exits_73_with_one_line(tmp_path: Path) -> None:
 def test_record_on_a_full_disk_exits_73_and_watch_keeps_watching(tmp_path: Path) -> None:
     """A trace that cannot be written: ``record`` (whose output it is) fails with one line;
     ``watch --record`` says so once and goes on watching (its verdicts still print)."""
+    out, err = tmp_path / "watch.out", tmp_path / "watch.err"
     with full_tmpfs(tmp_path / "disk") as disk:
-        trace = str(disk / "trace.jsonl")
-        base = ["http://127.0.0.1:9", "--interval", "0.5"]
-        recorded = run_cli_sync("record", *base, "--duration", "1", "-o", trace, timeout=60)
+        base = ["http://127.0.0.1:9", "--interval", "0.5", "--json"]
         watch = subprocess.Popen(
             [str(CONSOLE_SCRIPT), "watch", *base, "--listen", "", "--action", "none",
-             "--record", trace, "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+             "--record", str(disk / "watch.jsonl")],
+            stdout=out.open("wb"), stderr=err.open("wb"), start_new_session=True,
         )  # fmt: skip
         try:
-            time.sleep(3)
+            trace = str(disk / "record.jsonl")
+            recorded = run_cli_sync("record", *base[:3], "--duration", "1", "-o", trace)
+            deadline = time.monotonic() + 30
+            while "recording stopped" not in err.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.0)  # rounds after the failure
+            alive = watch.poll() is None
         finally:
             os.killpg(watch.pid, signal.SIGTERM)
-            out, err = watch.communicate(timeout=30)
+            watch.wait(30)
     assert recorded.code == 73, recorded.err
     one_line_error(recorded)
     assert "the trace is incomplete" in recorded.err
-    assert watch.returncode == 0, err.decode()[-2000:]
-    assert err.decode().count("recording stopped") == 1 and b"Traceback" not in err
-    assert b'"cause":"connection-refused"' in out, out  # its verdict, printed all the same
+    assert alive and watch.returncode == 0, err.read_text()[-2000:]
+    assert err.read_text().count("recording stopped") == 1 and "Traceback" not in err.read_text()
+    assert '"cause":"connection-refused"' in out.read_text()  # its verdict, printed all the same

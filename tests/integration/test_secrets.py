@@ -96,7 +96,7 @@ def watch_args(url: str, tmp: Path, listen: str, closed: int) -> list[str]:
     am = f"http://{FIX['alertmanager_userinfo']}@127.0.0.1:{closed}"
     return [
         "watch", url, "--json", "--listen", listen, "--record", str(tmp / "trace.jsonl"),
-        "--incident-dir", str(tmp / "watch-incidents"), "--engine-log", str(tmp / "raw.log"),
+        "--incident-dir", str(tmp / "watch" / "incidents"), "--engine-log", str(tmp / "raw.log"),
         "--action", "capture", "--alertmanager", am, "--interval", "0.5",
         "--stall-seconds", "4", "--startup-grace", "0", "--canary-timeout", "2",
     ]  # fmt: skip
@@ -105,12 +105,12 @@ def watch_args(url: str, tmp: Path, listen: str, closed: int) -> list[str]:
 async def one_shots(tmp: Path, url: str, closed: int) -> str:
     """check (live and closed), doctor and capture with a password in the URL: their output."""
     dead = f"http://{FIX['target_userinfo']}@127.0.0.1:{closed}"
-    runs = [
-        await run_cli("check", url, "--timeout", "3"),
-        await run_cli("check", dead, "--json", "--timeout", "3"),
-        await run_cli("doctor", "--url", dead),
-        await run_cli("capture", "--url", dead, "--incident-dir", str(tmp / "none")),
-    ]
+    runs = await asyncio.gather(
+        run_cli("check", url, "--timeout", "3"),
+        run_cli("check", dead, "--json", "--timeout", "3"),
+        run_cli("doctor", "--url", dead),
+        run_cli("capture", "--url", dead, "--incident-dir", str(tmp / "none")),
+    )
     return "\n".join(r.out + r.err for r in runs)
 
 
@@ -161,11 +161,11 @@ async def exercise(tmp: Path, run: Console, watch: Console) -> list[str]:
     async with StreamingLoad(f"http://127.0.0.1:{port}", clients=3, model="sim-model") as load:
         await freeze(port, load)
         await watch.reaches("stalled", timeout=40)
-        bundles = tmp / "watch-incidents"
+        bundles = tmp / "watch" / "incidents"  # and its parent: both created 0700
         await eventually(lambda: list(bundles.glob("2*/manifest.json")), 40, what="a bundle")
     seen += [await endpoints(listen) for listen in listens]
     seen += [own_command_lines(run, watch), await one_shots(tmp, url, closed)]
-    assert f"<redacted>@127.0.0.1:{port}: " in seen[-1], "check names its target, redacted"
+    assert f"\nhttp://<redacted>@127.0.0.1:{port}: " in "\n" + seen[-1], "check: its target"
     return seen
 
 
@@ -181,12 +181,14 @@ async def test_no_secret_in_any_file_log_trace_bundle_or_endpoint(tmp_path: Path
         seen = await exercise(tmp_path, run, watch)
     finally:
         await asyncio.gather(watch.stop(), run.stop())
+        for console in (c for c in (run, watch) if c.err.exists()):  # shown when it fails
+            print(f"--- {console.err.name} ---", console.err.read_text(errors="replace")[-3000:])
     found = {"endpoints, ps, one-shot commands": leaks("\n".join(seen)), **leaks_in_files(tmp_path)}
-    ours = [tmp_path / "run-incidents", tmp_path / "watch-incidents", tmp_path / "trace.jsonl"]
+    ours = [tmp_path / "run-incidents", tmp_path / "watch", tmp_path / "trace.jsonl"]
     modes = private([p for root in ours for p in written(root, lambda p: False)])
     report = [f"{where}: {len(v)} secret(s), {v[0]}..." for where, v in found.items() if v]
     assert not report + modes, "secrets leaked, or files not private:\n" + "\n".join(report + modes)
-    bundle = next((tmp_path / "watch-incidents").glob("2*/"))
+    bundle = next((tmp_path / "watch" / "incidents").glob("2*/"))
     records = (bundle / "processes.json").read_text()
     assert all(kept in records for kept in FIX["kept"]), "redaction hid more than the secrets"
     assert any((bundle / "pyspy").glob("*.txt")), "no py-spy text: its header went unchecked"
