@@ -146,6 +146,7 @@ def _write_evidence(
     if log is not None:
         try:
             tail = evidence.log_tail(log, s.capture.log_tail_bytes)
+            tail = evidence.masker_for(procs, s.proc_root).data(tail)
         except OSError as e:
             tail = f"[engine-watchdog] could not read {log}: {e.strerror}\n".encode()
         write_private(tmp / "engine.log", tail)

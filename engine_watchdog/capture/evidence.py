@@ -1,8 +1,11 @@
 """Evidence the bundle writer adds itself: command lines and environments (secrets redacted),
-versions, the engine's log tail, the metrics timeline. Blocking helpers, run off the loop."""
+versions, the engine's log tail (the secrets of the engine's command line and environment
+masked: an engine may print its arguments), the metrics timeline. Blocking helpers, run off
+the loop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import sys
@@ -17,7 +20,7 @@ from engine_watchdog import __version__
 from engine_watchdog.capture.procfs import environ_of
 from engine_watchdog.capture.tools import run_bounded
 from engine_watchdog.core.model import ProcInfo
-from engine_watchdog.core.redact import redact_argv, redact_env
+from engine_watchdog.core.redact import Masker, redact_argv, redact_env, secret_values
 
 
 def read_cmdline(pid: int, proc_root: Path) -> list[str]:
@@ -44,6 +47,18 @@ def process_records(procs: Iterable[ProcInfo], proc_root: Path) -> list[dict[str
             rec["environ_error"] = e.strerror or str(e)
         records.append(rec)
     return records
+
+
+def masker_for(procs: Iterable[ProcInfo], proc_root: Path) -> Masker:
+    """A Masker for the engine's own log: the secrets its processes' command lines and
+    environments hold. Blocking."""
+    values: list[str] = []
+    for p in procs:
+        with contextlib.suppress(OSError):
+            values += secret_values(read_cmdline(p.pid, proc_root))
+        with contextlib.suppress(OSError):
+            values += secret_values(env=environ_of(proc_root, p.pid)[0])
+    return Masker(values)
 
 
 async def versions(pyspy: str | None) -> dict[str, Any]:

@@ -175,12 +175,21 @@ def _write_ok(
     try:
         threads = json.loads(res.stdout)
     except ValueError:
-        write_private(workdir / f"{base}.txt", res.stdout)
+        write_private(workdir / f"{base}.txt", _own_header(res.stdout, proc))
         return (f"{base}.txt",)
     write_private(workdir / f"{base}.json", res.stdout)
     text = render_text(proc, mode, threads)
     write_private(workdir / f"{base}.txt", text.encode())
     return (f"{base}.json", f"{base}.txt")
+
+
+def _own_header(text: bytes, proc: ProcInfo) -> bytes:
+    """py-spy's text output begins ``Process PID: COMMAND LINE``, the whole command line and
+    its secrets: ours names the process by its title, redacted where it was read."""
+    head, nl, rest = text.partition(b"\n")
+    if head.startswith(b"Process "):
+        head = f"Process {proc.pid}: {proc.title}".encode()
+    return head + nl + rest
 
 
 def render_text(proc: ProcInfo, mode: str, threads: Any) -> str:

@@ -10,6 +10,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from engine_watchdog.capture.tools import make_private_dirs
+
 TMP_PREFIX = ".tmp-"
 # Bundles are "<YYYYmmddTHHMMSSZ>-<engine>-<cause>[-n]" directories or the same + ".tar.gz".
 BUNDLE_RE = re.compile(r"^\d{8}T\d{6}Z-[a-z0-9-]+(\.tar\.gz)?$")
@@ -19,7 +21,7 @@ STALE_TMP_S = 3600.0
 def new_tmp_dir(incident_dir: Path, name: str) -> Path:
     """A fresh 0700 directory next to where the bundle will land (same file system: the final
     rename is atomic). Hidden, so readers and retention skip it."""
-    incident_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(incident_dir)
     tmp = incident_dir / f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
     tmp.mkdir(mode=0o700)
     os.chmod(tmp, 0o700)

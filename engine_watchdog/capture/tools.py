@@ -109,6 +109,23 @@ def write_private(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def make_private_dirs(path: Path) -> None:
+    """Create ``path`` and every missing parent 0700 (``mkdir -p`` gives parents the umask's
+    mode). Folders that exist are left as their owner made them."""
+    missing: list[Path] = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+
+
+def open_private_append(path: Path) -> int:
+    """A file descriptor appending to ``path``, created 0600 if missing (its folders 0700)."""
+    make_private_dirs(path.parent)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+
 def copy_private(src: Path, dest: Path) -> None:
     """Copy into the bundle as a private file (0600), never over an existing one."""
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -23,6 +23,7 @@ from engine_watchdog.cli.errors import EXIT_CANTCREAT, CliError
 from engine_watchdog.cli.option_group import One, Opt, all_consumed
 from engine_watchdog.cli.options import CAPTURE, JSON
 from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.core.redact import redact_url
 from engine_watchdog.engines import VLLM
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import FIX_NOT_FOUND, sample_procs, url_port
@@ -92,6 +93,7 @@ def engine_options(func: Any) -> Any:
 @JSON
 def capture_command(url: str | None, pids: tuple[int, ...], timeout: float, **kw: Any) -> None:
     """Write a non-destructive incident bundle now and print its path."""
+    url = redact_url(url) if url else None  # only its port is used: its credentials never are
     capture = replace(CAPTURE.take(kw), step_timeout_s=timeout, py_spy=PY_SPY.take(kw))
     as_json = JSON.take(kw)
     all_consumed(kw)
@@ -128,6 +130,7 @@ def _report(result: BundleResult, as_json: bool) -> None:
 @JSON
 def doctor_command(url: str | None, pids: tuple[int, ...], **kw: Any) -> None:
     """Say what this host can capture and how to fix each missing piece."""
+    url = redact_url(url) if url else None  # only its port is used: its credentials never are
     tools = tools_with(PY_SPY.take(kw))
     as_json = JSON.take(kw)
     all_consumed(kw)

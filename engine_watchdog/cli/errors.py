@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+# sysexits.h codes, above the verdicts (check: 0-3, replay: 0-1), so no error reads as a verdict.
 EXIT_USAGE = 64  # EX_USAGE: bad input
-EXIT_CANTCREAT = 73  # EX_CANTCREAT: an output (a bundle) could not be written
+EXIT_DATAERR = 65  # EX_DATAERR: an input file holds nothing usable (a trace)
+EXIT_NOINPUT = 66  # EX_NOINPUT: an input file cannot be read
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a tool we ask (kubectl) failed or answered nonsense
+EXIT_SOFTWARE = 70  # EX_SOFTWARE: a bug (or a long-lived task that died)
+EXIT_CANTCREAT = 73  # EX_CANTCREAT: an output (a bundle, a trace) could not be written
 
 
 class CliError(Exception):

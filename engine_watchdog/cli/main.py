@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import traceback
 from dataclasses import replace
 from typing import Any
 
 import click
 
 from engine_watchdog import __version__
-from engine_watchdog.cli.errors import EXIT_USAGE, CliError
+from engine_watchdog.cli.errors import EXIT_SOFTWARE, EXIT_USAGE, CliError
 from engine_watchdog.cli.options import (
     CAPTURE,
     DETECTOR,
@@ -33,7 +34,8 @@ from engine_watchdog.cli.options import (
     watch_settings,
 )
 from engine_watchdog.cli.targets import TARGETS
-from engine_watchdog.core.settings import SettingsError, validate
+from engine_watchdog.core.redact import redact_argv
+from engine_watchdog.core.settings import CannotWriteError, SettingsError, validate
 
 EXIT_INTERRUPTED = 130
 
@@ -140,8 +142,33 @@ def _register_optional() -> None:
     register(cli)
 
 
+def _internal_error(exc: Exception, argv: list[str]) -> int:
+    if "-v" in argv or "--verbose" in argv:
+        traceback.print_exc()
+    click.echo(
+        f"error: internal error, {type(exc).__name__}: {exc} (a bug: rerun with -v for the "
+        "traceback, and report it)",
+        err=True,
+    )
+    return EXIT_SOFTWARE
+
+
+def _own_title_without_secrets() -> None:
+    """Every user of the host sees a process's command line (ps): ours may hold a URL's
+    password, or run mode's engine command with its keys. Show it redacted (setproctitle)."""
+    shown = redact_argv(sys.argv)
+    if shown != sys.argv:
+        try:
+            import setproctitle
+        except ImportError:  # a core dependency; without it ps shows what it shows
+            return
+        setproctitle.setproctitle(" ".join(shown))
+
+
 def main(argv: list[str] | None = None) -> None:
     """The console script: every error is one line on stderr and an exit code of its own."""
+    if argv is None:
+        _own_title_without_secrets()
     _register_optional()
     try:
         code = cli.main(args=argv, prog_name="engine-watchdog", standalone_mode=False)
@@ -152,10 +179,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.UsageError as exc:
         click.echo(f"error: {exc.format_message()} (see --help)", err=True)
         code = EXIT_USAGE
-    except (SettingsError, CliError) as exc:
+    except (SettingsError, CannotWriteError, CliError) as exc:
         click.echo(f"error: {exc}", err=True)
         code = exc.exit_code
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
+    except Exception as exc:  # a bug: one line and a code of its own, never "stalled" (1)
+        code = _internal_error(exc, sys.argv[1:] if argv is None else argv)
     # Without standalone mode click returns the code a command exited with (ctx.exit(n)).
     sys.exit(code if isinstance(code, int) else 0)

@@ -24,6 +24,7 @@ from engine_watchdog.core.settings import (
     RecoverySettings,
     ReportSettings,
     WatchSettings,
+    for_target,
     normalise_url,
     parse_actions,
     validate,
@@ -229,7 +230,7 @@ RECORD = One(
 def watch_settings(kw: dict[str, Any], url: str = "") -> WatchSettings:
     """The WatchSettings the option groups a command declared say (the rest: defaults)."""
     settings = WatchSettings(
-        url=normalise_url(url) if url else "",
+        url="",
         engine=ENGINE.take(kw),
         probe=PROBE.take(kw),
         detector=DETECTOR.take(kw),
@@ -242,7 +243,7 @@ def watch_settings(kw: dict[str, Any], url: str = "") -> WatchSettings:
         if one.opt.dest in kw:
             settings = replace(settings, **{name: one.take(kw)})
     all_consumed(kw)
-    return settings
+    return for_target(settings, url) if url else settings
 
 
 def for_each(base: WatchSettings, urls: list[str]) -> list[WatchSettings]:
@@ -251,4 +252,4 @@ def for_each(base: WatchSettings, urls: list[str]) -> list[WatchSettings]:
     this machine)."""
     many = len(urls) > 1
     probe = replace(base.probe, procs=False, gpu=False) if many else base.probe
-    return [validate(replace(base, url=normalise_url(u), probe=probe)) for u in urls]
+    return [validate(for_target(replace(base, probe=probe), u)) for u in urls]

@@ -1,15 +1,21 @@
-"""``record`` and ``replay`` commands."""
+"""``record`` and ``replay`` commands.
+
+Exit status of replay: 0 no stall, 1 stalled, 65 nothing in the trace was usable, 66 the trace
+cannot be read. record: 0 done, 73 the trace cannot be written.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
+from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_NOINPUT, CliError
 from engine_watchdog.cli.options import DETECTOR, ENGINE, JSON, PROBE
 from engine_watchdog.core.settings import fold_thresholds, validate
 from engine_watchdog.engines import PROFILES, VLLM
@@ -32,8 +38,8 @@ def record(url: str, output: Path, duration: float, **kw: Any) -> None:
     """Record observations of an engine into a replayable trace."""
     from engine_watchdog.cli.options import watch_settings
     from engine_watchdog.runtime.assembly import ConsoleReporter
+    from engine_watchdog.runtime.recording import TraceWriter
     from engine_watchdog.runtime.runner import probe_loop
-    from engine_watchdog.runtime.trace import TraceWriter
     from engine_watchdog.runtime.watcher import Watcher
 
     settings = validate(watch_settings(kw, url))
@@ -42,7 +48,7 @@ def record(url: str, output: Path, duration: float, **kw: Any) -> None:
     async def go() -> None:
         import aiohttp
 
-        writer = TraceWriter(output)
+        writer = TraceWriter(output, "--output")
         try:
             async with aiohttp.ClientSession() as session:
                 watcher = Watcher(settings, session)
@@ -50,6 +56,9 @@ def record(url: str, output: Path, duration: float, **kw: Any) -> None:
                 await probe_loop(watcher, [ConsoleReporter(False, click.echo)], rounds)
         finally:
             writer.close()
+        if writer.error is not None:
+            why = f"{writer.error.strerror}: free space there, or record elsewhere"
+            raise CliError(f"--output {output}: the trace is incomplete ({why})", EXIT_CANTCREAT)
 
     asyncio.run(go())
     click.echo(f"recorded {rounds} rounds to {output}")
@@ -72,16 +81,25 @@ def replay(trace: Path, engine: str | None, **kw: Any) -> None:
     override them.
     """
     from engine_watchdog.report.console import transition_line
-    from engine_watchdog.runtime.replay import replay as run_replay
-    from engine_watchdog.runtime.replay import replay_document
+    from engine_watchdog.runtime.replay import judge, replay_document
 
     as_json = JSON.take(kw)
     given = DETECTOR.overrides(kw)
     profile = PROFILES[engine] if engine else VLLM
-    with trace.open(encoding="utf-8", errors="replace") as lines:
-        changes = run_replay(
-            lines, profile, lambda s: fold_thresholds(given(s)), follow_engine=engine is None
-        )
+    counted = [0]
+    try:
+        with trace.open(encoding="utf-8", errors="replace") as lines:
+            judged = judge(
+                _counting(lines, counted),
+                profile,
+                lambda s: fold_thresholds(given(s)),
+                follow_engine=engine is None,
+            )
+    except OSError as exc:
+        raise CliError(f"{trace}: cannot read it ({exc.strerror})", EXIT_NOINPUT) from None
+    if not judged.records:
+        raise CliError(_unusable(trace, counted[0]), EXIT_DATAERR)
+    changes = judged.changes
     if as_json:
         click.echo(json.dumps(replay_document(changes)))
     else:
@@ -89,3 +107,17 @@ def replay(trace: Path, engine: str | None, **kw: Any) -> None:
             click.echo(transition_line(change, str(trace)))
     stalled = replay_document(changes)["first_stall_t"] is not None
     sys.exit(1 if stalled else 0)
+
+
+def _counting(lines: Iterable[str], counted: list[int]) -> Iterator[str]:
+    for line in lines:
+        counted[0] += 1
+        yield line
+
+
+def _unusable(trace: Path, lines: int) -> str:
+    what = "the file is empty" if lines == 0 else f"{lines} line(s), none usable: see above"
+    return (
+        f"{trace}: no usable record ({what}): replay a JSON Lines trace written by "
+        "`watch --record` or `record` (docs/traces.md)"
+    )

@@ -11,12 +11,20 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from engine_watchdog.core.model import RUNGS, Action
+from engine_watchdog.core.redact import redact_url
 
 
 class SettingsError(ValueError):
     """Bad input; the message names the fix. The CLI prints it as one line and exits 64."""
 
     exit_code = 64
+
+
+class CannotWriteError(Exception):
+    """A file the settings name (--record, -o) cannot be written; the message names the fix.
+    The CLI prints it as one line and exits 73 (EX_CANTCREAT)."""
+
+    exit_code = 73
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,11 @@ class ReportSettings:
 @dataclass(frozen=True)
 class WatchSettings:
     url: str
-    """Base URL of the engine's API server, e.g. http://127.0.0.1:8000."""
+    """Base URL of the engine's API server, e.g. http://127.0.0.1:8000, as every log, metric
+    label, trace, status and history shows it: a ``user:password@`` in it is ``<redacted>@``
+    (see :func:`for_target`)."""
+    connect_url: str = field(default="", repr=False)
+    """The URL with its credentials, used only to connect to the engine; empty: ``url``."""
     engine: str = "vllm"
     """Engine profile name (see engine_watchdog/engines), or "auto"."""
     probe: ProbeSettings = field(default_factory=ProbeSettings)
@@ -181,6 +193,14 @@ def normalise_url(url: str) -> str:
     except ValueError:
         raise SettingsError(f"bad port in {url!r}; give one like http://127.0.0.1:8000") from None
     return url.rstrip("/")
+
+
+def for_target(settings: WatchSettings, url: str) -> WatchSettings:
+    """``settings`` for the engine at ``url``: validated, and redacted where it enters, so the
+    credentials in it (aiohttp sends them as basic auth) are kept only to connect."""
+    full = normalise_url(url)
+    shown = redact_url(full)
+    return replace(settings, url=shown, connect_url=full if full != shown else "")
 
 
 def parse_listen(listen: str, flag: str = "--listen") -> tuple[str, int]:

@@ -1,7 +1,8 @@
 """Known hangs (issue 13): match an incident bundle to the upstream reports it resembles, and
 write the report a maintainer asks for.
 
-Self-contained: imports nothing from the rest of engine_watchdog. The pieces, for the capture
+Self-contained: imports nothing from the rest of engine_watchdog but the one redaction module,
+``core/redact.py`` (pure). The pieces, for the capture
 step and the ``explain`` / ``report`` commands:
 
 - :func:`load_signatures` (the installed ``signatures.json`` or a given file; a bad file raises

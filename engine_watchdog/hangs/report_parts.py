@@ -1,6 +1,6 @@
 """The pieces of report.md, each a list of markdown lines built from a :class:`BundleView`.
 
-Pure. Text from the bundle goes through :func:`~engine_watchdog.hangs.secrets.scrub` here, once.
+Pure. Text from the bundle goes through :func:`~engine_watchdog.core.redact.redact_text` here, once.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from engine_watchdog.core.redact import redact_text
 from engine_watchdog.hangs import stacks, timeline
-from engine_watchdog.hangs.secrets import scrub
 from engine_watchdog.hangs.view import BundleView, FrameView, ProcView
 
 NOT_IN_BUNDLE = "not in the bundle"
@@ -53,7 +53,7 @@ def environment(view: BundleView) -> list[str]:
         f"engine-watchdog: {watchdog}",
         f"py-spy: {v.get('py_spy') or NOT_IN_BUNDLE}",
     ]
-    return fence([scrub(line) for line in lines])
+    return fence([redact_text(line) for line in lines])
 
 
 def describe_bug(view: BundleView) -> list[str]:
@@ -71,7 +71,7 @@ def describe_bug(view: BundleView) -> list[str]:
         "a hung engine core does not fail them."
     ]
     evidence = verdict.get("evidence") if isinstance(verdict.get("evidence"), list) else []
-    lines += [f"- {scrub(str(e))[:300]}" for e in evidence[:20]]
+    lines += [f"- {redact_text(str(e))[:300]}" for e in evidence[:20]]
     return [*lines, *_steps(m), ""]
 
 
@@ -94,7 +94,7 @@ def command_lines(view: BundleView, max_arg: int = 0) -> list[str]:
         seen.add(p.cmdline)
         args = [a if not max_arg or len(a) <= max_arg else a[:max_arg] + "..." for a in p.cmdline]
         out.append(f"# PID {p.pid} ({p.role})")
-        out.append(scrub(" ".join(_quote(a) for a in args)))
+        out.append(redact_text(" ".join(_quote(a) for a in args)))
     return fence(out, "bash") if out else [f"(command line {NOT_IN_BUNDLE})"]
 
 
@@ -136,7 +136,7 @@ def where_stuck(view: BundleView, limit: int) -> list[str]:
     lines = stacks.where_lines(view.summary_md) or stacks.fallback_where(view.procs)
     if not lines:
         return ["(no stacks were captured; see the capture steps in manifest.json)"]
-    cut = [scrub(line)[:400] for line in lines[:limit]]
+    cut = [redact_text(line)[:400] for line in lines[:limit]]
     if len(lines) > limit:
         cut.append(f"- ... {len(lines) - limit} more in summary.md")
     return cut
@@ -154,7 +154,9 @@ def stack_sections(
         if key in shown:
             first = shown[key]
             out += [
-                scrub(f"- PID {p.pid} {p.title or p.role}: the same stacks as PID {first.pid}"),
+                redact_text(
+                    f"- PID {p.pid} {p.title or p.role}: the same stacks as PID {first.pid}"
+                ),
                 "",
             ]
             continue
@@ -171,13 +173,13 @@ def _proc_stacks(p: ProcView, max_frames: int, main_only: bool) -> list[str]:
         body += stacks.render_group(g, p.pid, max_frames)
     if len(gs) > len(shown):
         body.append(f"({len(gs) - len(shown)} more thread group(s) in pyspy/{p.pid}.txt)")
-    title = scrub(
+    title = redact_text(
         f"PID {p.pid} {p.title or p.role} ({p.role}, {p.state or '?'}): {len(gs)} distinct stack(s)"
     )
     return [
         f"<details><summary>{title}</summary>",
         "",
-        *fence([scrub(b) for b in body]),
+        *fence([redact_text(b) for b in body]),
         "",
         "</details>",
         "",
@@ -191,7 +193,7 @@ def actions_table(view: BundleView, last: int) -> list[str]:
     out = ["| time (UTC) | target | action | result | detail |", "|---|---|---|---|---|"]
     for a in acts:
         cells = [utc(a.get("t"))] + [
-            scrub(str(a.get(k, "")))[:200] for k in ("target", "action", "result", "detail")
+            redact_text(str(a.get(k, "")))[:200] for k in ("target", "action", "result", "detail")
         ]
         out.append(
             "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
@@ -203,4 +205,4 @@ def log_tail(view: BundleView, lines: int) -> list[str]:
     if view.log is None:
         return [f"(engine.log {NOT_IN_BUNDLE})"]
     tail = view.log[-lines:]
-    return fence([scrub(line)[:1000] for line in tail])
+    return fence([redact_text(line)[:1000] for line in tail])

@@ -12,6 +12,7 @@ import aiohttp
 
 from engine_watchdog.core.exposition import Sample, is_number, parse_samples, series_names
 from engine_watchdog.core.model import EngineSample, ScrapeObs
+from engine_watchdog.core.redact import redact_url
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.http import error_code
 
@@ -56,10 +57,12 @@ async def scrape(
     try:
         status, body = await fetch_text(session, url, timeout_s, max_bytes)
     except ValueError as exc:
-        return RawScrape(t, error="too-large", detail=f"{url}: {exc}; raise --max-scrape-bytes")
+        detail = redact_url(f"{url}: {exc}; raise --max-scrape-bytes")
+        return RawScrape(t, error="too-large", detail=detail)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         code = error_code(exc)
-        detail = f"{url}: {code} ({exc or type(exc).__name__})"
+        # The URL may hold credentials (only to connect): a detail reaches traces and logs.
+        detail = redact_url(f"{url}: {code} ({exc or type(exc).__name__})")
         # How long it went unanswered is evidence too (an engine loop that answers /metrics).
         return RawScrape(t, error=code, detail=detail, elapsed_s=time.monotonic() - started)
     return RawScrape(t, status=status, body=body, elapsed_s=time.monotonic() - started)

@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from engine_watchdog.core.model import ProcInfo, ProcsObs
+from engine_watchdog.core.redact import redact_argv
 from engine_watchdog.engines import VLLM, EngineProfile
 from engine_watchdog.probes.pidns import read_ns_pid
 from engine_watchdog.probes.proctable import ProcTable, PsutilTable, RawProc
@@ -200,7 +201,10 @@ def proc_info(
     """ProcInfo for one PID; ``raw`` None means the process is gone."""
     if raw is None:
         return ProcInfo(pid=pid, ppid=0, role="other", title="", state="gone", cpu_s=0.0)
-    title = title_of(raw.cmdline)
+    # Redacted here, where a command line becomes part of what the watchdog keeps (titles reach
+    # traces, bundles, summaries): the raw table never leaves discovery. Only the engine's few
+    # processes pay for it, not the whole host's table every round.
+    title = title_of(redact_argv(raw.cmdline))
     return ProcInfo(
         pid=pid,
         ppid=raw.ppid,

@@ -39,7 +39,11 @@ class EngineHandle(Protocol):
 
     @property
     def target(self) -> str:
-        """The engine's base URL."""
+        """The engine's base URL as reports name it (any credentials in it redacted)."""
+
+    @property
+    def base_url(self) -> str:
+        """The engine's base URL to connect to (credentials included, never shown)."""
 
     @property
     def session(self) -> aiohttp.ClientSession: ...
@@ -111,7 +115,8 @@ class EngineActions:
 
     async def abort(self) -> Outcome:
         e = self.engine
-        return await abort_requests(e.session, e.target, e.profile, sorted(e.known_request_ids()))
+        ids = sorted(e.known_request_ids())
+        return await abort_requests(e.session, e.base_url, e.profile, ids)
 
     async def restart(self, stalled_since: float) -> Outcome:
         if self.restarter is not None:
@@ -132,7 +137,7 @@ class EngineActions:
     async def paused(self) -> bool:
         """vLLM dev mode's /is_paused; it waits on a hung engine's loop, so a timeout is 'no'."""
         e = self.engine
-        doc = await get_json(e.session, e.target + "/is_paused", PAUSED_TIMEOUT_S)
+        doc = await get_json(e.session, e.base_url + "/is_paused", PAUSED_TIMEOUT_S)
         return bool(isinstance(doc, dict) and doc.get("is_paused"))
 
     def same_host(self) -> bool:

@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from engine_watchdog.capture.tools import make_private_dirs
 from engine_watchdog.core.model import Action, Result
 from engine_watchdog.core.settings import RateLimit
 
@@ -53,7 +54,7 @@ class ActionHistory:
         self.records.append(record)
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dirs(self.path.parent)  # mkdir -p would leave the parents 0755
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(json.dumps(asdict(record), separators=(",", ":")) + "\n")

@@ -1,7 +1,8 @@
 """Supervise mode: the watchdog starts the engine as its child and restarts it itself.
 
 For bare metal and Slurm, where nothing else would restart ``vllm serve``. The engine's output
-goes to the watchdog's stderr and to a log file (the bundle's log tail). An engine that exits
+goes to the watchdog's stderr and to a private log file (the bundle's log tail), the secrets of
+its command line and of the environment it inherits masked (core/redact.py). An engine that exits
 on its own (vLLM's API server exits once its engine core died) is restarted too, under the same
 rate limit; a restart the supervisor asks for while one is under way is not done twice.
 """
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import psutil
 
+from engine_watchdog.capture.tools import make_private_dirs, open_private_append
 from engine_watchdog.core.model import Action, Outcome, Result
+from engine_watchdog.core.redact import Masker, redact_argv, secret_values
 from engine_watchdog.core.settings import RateLimit
 from engine_watchdog.recovery.history import ActionHistory, ActionRecord
 
@@ -42,6 +45,9 @@ class ChildEngine:
         self.echo = echo
         """Copy the engine's output to our stderr too (the log file always gets it)."""
         self.command = list(command)
+        self.shown = " ".join(redact_argv(command))
+        """The command as logs show it: its secrets redacted, once, here where it enters."""
+        self._masker = Masker(secret_values(command, os.environ))
         self.log_path = log_path
         self.history = history
         self.target = target
@@ -56,7 +62,7 @@ class ChildEngine:
         self._output: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.log_path.parent)
         self.proc = await asyncio.create_subprocess_exec(
             *self.command,
             stdout=asyncio.subprocess.PIPE,
@@ -64,7 +70,7 @@ class ChildEngine:
             start_new_session=True,  # its own process group: we end all of it, and only it
         )
         self.started_t = time.time()
-        log.warning("engine started: pid %d: %s", self.proc.pid, " ".join(self.command))
+        log.warning("engine started: pid %d: %s", self.proc.pid, self.shown)
         self._output = asyncio.create_task(self._copy_output(self.proc), name="engine-output")
         self._started.set()
 
@@ -146,8 +152,9 @@ class ChildEngine:
 
     async def _copy_output(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        with self.log_path.open("ab") as f:
+        with os.fdopen(open_private_append(self.log_path), "ab") as f:
             while line := await proc.stdout.readline():
+                line = self._masker.data(line)
                 if self.echo:  # stderr: stdout carries the watchdog's own (JSON) lines
                     sys.stderr.buffer.write(line)
                     sys.stderr.flush()

@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from engine_watchdog.core.model import Cause, Outcome, Result, State, Transition, Verdict
+from engine_watchdog.core.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,9 @@ class AlertmanagerReporter:
     ) -> None:
         self.session = session
         self.base_url = base_url
+        """Where alerts go, credentials included: only to connect."""
+        self.shown_url = redact_url(base_url)
+        """The same as logs and errors name it."""
         self.resend_s = resend_s
         self.timeout_s = timeout_s
         self.severity = severity
@@ -236,7 +240,8 @@ class AlertmanagerReporter:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._fail(f"push of {len(alerts)} alert(s) to {self.base_url} failed: {exc!r}")
+            why = redact_url(repr(exc))
+            self._fail(f"push of {len(alerts)} alert(s) to {self.shown_url} failed: {why}")
             return False
         self.sent += len(alerts)
         self.last_push = now

@@ -24,8 +24,8 @@ from engine_watchdog.report.alertmanager import AlertmanagerReporter
 from engine_watchdog.report.console import transition_json, transition_line
 from engine_watchdog.report.k8s_events import EventsReporter, pod_from_env
 from engine_watchdog.report.metrics import WatchdogMetrics
+from engine_watchdog.runtime.recording import TraceWriter
 from engine_watchdog.runtime.supervisor import Supervisor
-from engine_watchdog.runtime.trace import TraceWriter
 from engine_watchdog.runtime.watcher import Reporter, Watcher
 
 log = logging.getLogger(__name__)

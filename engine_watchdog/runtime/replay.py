@@ -8,6 +8,7 @@ gives the verdicts the live watchdog gave.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from engine_watchdog.core.detector import Detector
@@ -19,24 +20,43 @@ from engine_watchdog.runtime.trace import RecordedSettings, read_trace
 Overrides = Callable[[DetectorSettings], DetectorSettings]
 
 
-def replay(
+@dataclass(frozen=True)
+class Judged:
+    changes: list[Transition]
+    records: int
+    """Records judged (observations and settings); 0: nothing in the trace was usable."""
+
+
+def judge(
     lines: Iterable[str],
     profile: EngineProfile,
     settings: DetectorSettings | Overrides = lambda s: s,
     follow_engine: bool = False,
-) -> list[Transition]:
+) -> Judged:
     """Judge a trace. ``settings``: fixed settings, or overrides put over the ones the trace
     was recorded with (defaults until its first settings record). ``follow_engine``: parse
     scrapes with the engine profile the trace names (the caller did not name one)."""
     overrides = (lambda _: settings) if isinstance(settings, DetectorSettings) else settings
     detector = Detector(overrides(DetectorSettings()))
     changes: list[Transition] = []
+    records = 0
     for item in read_trace(lines, profile, follow_engine):
+        records += 1
         if isinstance(item, RecordedSettings):
             detector.settings = overrides(item.detector)
         else:
             changes += detector.feed(item)
-    return changes
+    return Judged(changes, records)
+
+
+def replay(
+    lines: Iterable[str],
+    profile: EngineProfile,
+    settings: DetectorSettings | Overrides = lambda s: s,
+    follow_engine: bool = False,
+) -> list[Transition]:
+    """The transitions of :func:`judge`."""
+    return judge(lines, profile, settings, follow_engine).changes
 
 
 def replay_document(changes: list[Transition]) -> dict[str, Any]:

@@ -14,8 +14,7 @@ import logging
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from engine_watchdog.core.model import (
     CanaryObs,
@@ -127,27 +126,24 @@ def encode(obs: HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs) -> dict[
 
 
 def decode_settings(rec: dict[str, Any]) -> RecordedSettings:
-    t = _num(rec["t"])
-    if t is None:
-        raise ValueError("no time")
+    t = _time(rec["t"])
     return RecordedSettings(t, _str(rec.get("engine")) or "auto", _detector(rec["detector"]))
 
 
 def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
     """One trace record -> observation; None for kinds the detector does not read (settings
     records: :func:`decode_settings`)."""
-    t = _num(rec["t"])
-    if t is None:
-        raise ValueError("no time")
+    t = _time(rec["t"])
     kind = rec.get("kind")
     if kind == "scrape":
+        status = _num(rec.get("status"))
         raw = RawScrape(
             t,
-            status=rec.get("status"),
-            body=rec.get("body"),
-            elapsed_s=rec.get("elapsed_s"),
-            error=rec.get("error"),
-            detail=rec.get("detail"),
+            status=None if status is None else int(status),
+            body=_str(rec.get("body")),
+            elapsed_s=_duration(rec.get("elapsed_s")),
+            error=_str(rec.get("error")),
+            detail=_str(rec.get("detail")),
         )
         return parse_scrape(raw, profile)
     if kind == "health":
@@ -157,9 +153,9 @@ def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
         return CanaryObs(
             t,
             ok=_bool(rec["ok"]),
-            latency_s=_num(rec.get("latency_s")),
+            latency_s=_duration(rec.get("latency_s")),
             error=_str(rec.get("error")),
-            sent_t=_num(rec.get("sent_t")),
+            sent_t=None if rec.get("sent_t") is None else _time(rec["sent_t"]),
         )
     if kind == "gpu":
         return GpuObs(t, tuple(_gpu(g) for g in rec["gpus"]))
@@ -177,6 +173,27 @@ def _num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"not a finite number: {value!r}")
     return float(value)
+
+
+MAX_ABS_T = 1e11
+"""Times beyond this (year 5138) are broken records: no clock gives them, and formatting one
+overflows."""
+
+
+def _time(value: Any) -> float:
+    t = _num(value)
+    if t is None:
+        raise ValueError("no time")
+    if abs(t) > MAX_ABS_T:
+        raise ValueError(f"time out of range: {t!r}")
+    return t
+
+
+def _duration(value: Any) -> float | None:
+    seconds = _num(value)
+    if seconds is not None and not 0 <= seconds <= MAX_ABS_T:
+        raise ValueError(f"not a duration: {seconds!r}")
+    return seconds
 
 
 def _str(value: Any) -> str | None:
@@ -247,25 +264,18 @@ def _decoded(lines: Iterable[str], profile: EngineProfile, follow_engine: bool) 
             obs: Item | None = (
                 decode_settings(rec) if rec.get("kind") == "settings" else decode(rec, profile)
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("trace line %d skipped: %s", number, exc)
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            RecursionError,
+            OverflowError,
+        ) as exc:
+            # RecursionError: json on deeply nested input. Each broken record is said, once.
+            log.warning("trace line %d skipped: %s", number, str(exc)[:200])
             continue
         if isinstance(obs, RecordedSettings) and follow_engine and obs.engine in PROFILES:
             profile = PROFILES[obs.engine]
         if obs is not None:
             yield obs
-
-
-class TraceWriter:
-    """Appends records to a trace file; one line per record, flushed so a crash loses nothing."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file: TextIO = path.open("a", encoding="utf-8")
-
-    def write(self, rec: dict[str, Any]) -> None:
-        self._file.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        self._file.close()

@@ -85,6 +85,9 @@ class Watcher:
         self.records = records
         self.settings = settings
         self.target = settings.url
+        """The engine as every report names it (credentials redacted)."""
+        self.base_url = settings.connect_url or settings.url
+        """Where the probes and the actions connect: the only holder of the URL's credentials."""
         self.session = session
         self.clock = clock
         # "auto": judged as vLLM until the first answer of /metrics names the engine.
@@ -103,7 +106,7 @@ class Watcher:
         self._fed_t = 0.0
         self.last_scrape: ScrapeObs | None = None
         self.canary = Canary(
-            session, self.target, self.profile, settings.probe.canary_timeout_s, clock
+            session, self.base_url, self.profile, settings.probe.canary_timeout_s, clock
         )
         self._canary_task: asyncio.Task[CanaryObs] | None = None
         self._noted: list[RestartObs] = []
@@ -191,7 +194,7 @@ class Watcher:
         profile_path = self.profile.metrics_path
         raw = await scrape(
             self.session,
-            self.target + self.profile.metrics_path,
+            self.base_url + self.profile.metrics_path,
             timeout_s=probe.scrape_timeout_s,
             max_bytes=probe.max_scrape_bytes,
             clock=self.clock,
@@ -247,7 +250,7 @@ class Watcher:
         return None
 
     async def _health(self) -> Observation:
-        url = self.target + self.profile.health_path
+        url = self.base_url + self.profile.health_path
         obs = await probe_health(
             self.session, url, self.settings.probe.scrape_timeout_s, self.clock
         )

@@ -77,13 +77,16 @@ async def test_engine_death_is_reported_and_restarted_once(tmp_path: Path) -> No
 
 
 ENGINE_SCRIPT = """
-import os, pathlib, sys
+import os, pathlib, sys, time
 count = pathlib.Path(sys.argv[1])
 n = int(count.read_text()) if count.exists() else 0
 count.write_text(str(n + 1))
-fault = "crash" if n == 1 else "spin"  # the 2nd engine dies by itself, the others hang
+if n == 1:  # the 2nd engine dies by itself (supervise mode's own restart path)
+    time.sleep(2)
+    sys.exit(3)
+# the others hang in a step that spins without progress (the supervisor's restart path)
 os.execv(sys.executable, [sys.executable, "-m", "engine_watchdog.sim", "--port", sys.argv[2],
-                          "--fault", fault])
+                          "--fault", "spin"])
 """
 
 

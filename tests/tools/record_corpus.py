@@ -55,9 +55,10 @@ from engine_watchdog.core.model import (
 from engine_watchdog.core.settings import ProbeSettings, WatchSettings
 from engine_watchdog.engines import VLLM
 from engine_watchdog.probes.metrics import RawScrape
+from engine_watchdog.runtime.recording import TraceWriter
 from engine_watchdog.runtime.replay import replay, replay_document
 from engine_watchdog.runtime.runner import probe_loop
-from engine_watchdog.runtime.trace import TraceWriter, encode, encode_scrape
+from engine_watchdog.runtime.trace import encode, encode_scrape
 from engine_watchdog.runtime.watcher import Watcher
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from engine_watchdog.sim.loadgen import StreamingLoad

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+from engine_watchdog.core.redact import redact_text
 from engine_watchdog.hangs import (
     GITHUB_LIMIT,
     explain_bundle,
@@ -16,7 +17,6 @@ from engine_watchdog.hangs import (
     render_report,
     write_report,
 )
-from engine_watchdog.hangs.secrets import scrub
 from engine_watchdog.hangs.timeline import last_progress, parse_exposition, points, rows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "hangs"
@@ -178,10 +178,10 @@ def test_no_secret_reaches_the_report(tmp_path: Path) -> None:
 
 
 def test_scrub_keeps_what_is_not_secret() -> None:
-    assert scrub("TOKENIZERS_PARALLELISM=false --max-num-batched-tokens 8192") == (
+    assert redact_text("TOKENIZERS_PARALLELISM=false --max-num-batched-tokens 8192") == (
         "TOKENIZERS_PARALLELISM=false --max-num-batched-tokens 8192"
     )
-    assert scrub("--api-key abc123 --port 8000") == "--api-key <redacted> --port 8000"
+    assert redact_text("--api-key abc123 --port 8000") == "--api-key <redacted> --port 8000"
 
 
 def test_write_report_and_explain(tmp_path: Path) -> None:

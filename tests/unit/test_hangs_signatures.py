@@ -173,6 +173,8 @@ def test_the_docs_list_every_signature() -> None:
 
 
 def test_the_package_imports_nothing_else_from_engine_watchdog() -> None:
+    """But the one redaction module (pure, importing nothing itself): secrets are hidden by
+    one set of rules, in the bundle and in the report alike."""
     import ast
 
     for path in (ROOT / "engine_watchdog" / "hangs").glob("*.py"):
@@ -185,6 +187,8 @@ def test_the_package_imports_nothing_else_from_engine_watchdog() -> None:
                 else []
             )
             for name in names:
-                assert not name.startswith("engine_watchdog") or name.startswith(
-                    "engine_watchdog.hangs"
+                assert (
+                    not name.startswith("engine_watchdog")
+                    or name.startswith("engine_watchdog.hangs")
+                    or name == "engine_watchdog.core.redact"
                 ), f"{path.name} imports {name}"

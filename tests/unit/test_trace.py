@@ -22,7 +22,8 @@ from engine_watchdog.core.model import (
 )
 from engine_watchdog.engines import VLLM
 from engine_watchdog.probes.metrics import RawScrape, parse_scrape
-from engine_watchdog.runtime.trace import TraceWriter, decode, encode, encode_scrape, read_trace
+from engine_watchdog.runtime.recording import TraceWriter
+from engine_watchdog.runtime.trace import decode, encode, encode_scrape, read_trace
 
 T = 1_796_016_666.25
 BODY = (

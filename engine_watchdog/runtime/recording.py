@@ -1,0 +1,56 @@
+"""Writing a trace (``watch --record``, ``record -o``): the format is in runtime/trace.py.
+
+The file is private (0600, like everything the watchdog writes: traces hold the engine's
+process titles and errors). A trace that cannot be opened is bad input (exit 73, one line); one
+that cannot be written later (a full disk) stops the recording, said once, and the watching
+goes on: a watchdog must not stop watching for the sake of its own trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from engine_watchdog.core.settings import CannotWriteError
+
+log = logging.getLogger(__name__)
+
+
+class TraceWriter:
+    """Appends records to a trace file; one line per record, flushed so a crash loses nothing."""
+
+    def __init__(self, path: Path, option: str = "--record") -> None:
+        self.path = path
+        self.error: OSError | None = None
+        """Why the recording stopped (None while it goes on)."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise CannotWriteError(
+                f"{option} {path}: cannot write it ({exc.strerror}): give a file in a "
+                "folder that exists and that this user may write"
+            ) from None
+        self._file = os.fdopen(fd, "a", encoding="utf-8")
+
+    def write(self, rec: dict[str, Any]) -> None:
+        if self.error is not None:
+            return
+        try:
+            self._file.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            self.error = exc
+            log.error(
+                "trace %s: recording stopped (%s): free space there, or record elsewhere; "
+                "watching goes on",
+                self.path,
+                exc.strerror,
+            )
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # what a full disk kept in the buffer is lost
+            self._file.close()
