@@ -165,11 +165,19 @@ def production_stack_chart(into: Path) -> Path:
     return into / "helm"
 
 
+EXAMPLE_VALUES = DEPLOY / "helm" / "examples" / "production-stack.yaml"
 POST_RENDER_VALUES: dict[str, tuple[str, Obj, Expect]] = {
-    "secure-events-guard": (
+    # the documented example values file, over production-stack's secure example
+    "example-values": (
         "secure",
-        {"events": {"enabled": True}, "guard": {"enabled": True}},
-        Expect(events=True, guard=True, api_key=True, own_liveness_ok=True),
+        yaml.safe_load(EXAMPLE_VALUES.read_text()),
+        Expect(
+            events=True,
+            guard=True,
+            api_key=True,
+            alertmanager="http://alertmanager-operated.monitoring:9093",
+            own_liveness_ok=True,
+        ),
     ),
     "two-models-baseline-liveness": (
         "two-models",

@@ -1,8 +1,7 @@
 """deploy/Dockerfile and its hash-pinned install.
 
-No container engine runs here, so this runs the Dockerfile's own install script
-(deploy/install-locked.sh) into a clean venv and checks the Dockerfile's shape. The full check
-is `docker build -f deploy/Dockerfile .` (docs/kubernetes.md#the-image).
+The Dockerfile's own install script (deploy/install-locked.sh) into a clean venv, and the
+Dockerfile's shape. test_image_podman.py builds the image itself and runs it as the sidecar.
 """
 
 from __future__ import annotations
