@@ -167,3 +167,15 @@ def test_the_shape_check_catches_a_sidecar_of_another_user() -> None:
     checks.container(dep, checks.SIDECAR)["securityContext"]["runAsUser"] = 1000
     with pytest.raises(AssertionError):
         checks.check_sidecar_shape(replace(rendering, objs=objs))
+
+
+def test_fullname_override_keeps_two_post_rendered_releases_apart(stack_chart: Path) -> None:
+    """Two stacks post-rendered into one namespace: each sidecar reads its own ConfigMap."""
+    names = set()
+    for name in ("stack-a", "stack-b"):
+        objs = m.post_render(stack_chart, "secure", {"fullnameOverride": f"{name}-watchdog"})
+        (watched,) = checks.workloads(objs)
+        (ref,) = checks.container(watched, checks.SIDECAR)["envFrom"]
+        names.add(ref["configMapRef"]["name"])
+        assert checks.configmap(objs, watched)  # the named ConfigMap is in the same rendering
+    assert names == {"stack-a-watchdog", "stack-b-watchdog"}
