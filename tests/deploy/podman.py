@@ -59,6 +59,25 @@ class Podman:
     def remove(self, name: str) -> None:
         bounded(self.argv("rm", "--force", "--time", "0", name), 60)
 
+    def oneshot(self, name: str, *args: str, timeout: float = 120, check: bool = True) -> str:
+        """``podman run --rm --name NAME ARGS``, and the container is gone afterwards even when
+        the client was killed on a timeout."""
+        try:
+            return self.run(
+                "run", "--rm", "--name", name, *ULIMITS, *args, timeout=timeout, check=check
+            )
+        finally:
+            self.remove(name)
+
+    def remove_stale(self, prefix: str) -> None:
+        """Containers ``PREFIX<pid>-...`` left by a test process that no longer exists (killed
+        mid-test): removed. Those of live processes (a concurrent run) are left alone."""
+        names = self.run("ps", "--all", "--format", "{{.Names}}", timeout=60).split()
+        for name in names:
+            pid = name.removeprefix(prefix).partition("-")[0]
+            if name.startswith(prefix) and pid.isdigit() and not psutil.pid_exists(int(pid)):
+                self.remove(name)
+
     @contextlib.contextmanager
     def container(self, name: str, *args: str) -> Iterator[str]:
         """``podman run --detach --name NAME ARGS``; removed on exit, whatever happened."""

@@ -179,3 +179,48 @@ def test_fullname_override_keeps_two_post_rendered_releases_apart(stack_chart: P
         names.add(ref["configMapRef"]["name"])
         assert checks.configmap(objs, watched)  # the named ConfigMap is in the same rendering
     assert names == {"stack-a-watchdog", "stack-b-watchdog"}
+
+
+def _workload(kind: str, name: str, labels: dict[str, str]) -> Obj:
+    """A minimal vLLM workload as another chart might render it."""
+    spec: Obj = {
+        "selector": {"matchLabels": {"app": name}},
+        "template": {
+            "metadata": {"labels": {"app": name}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "vllm",
+                        "image": "vllm/vllm-openai:v0.33.0",
+                        "args": ["--model=m"],
+                        "startupProbe": {"httpGet": {"path": "/health", "port": 8000}},
+                    }
+                ]
+            },
+        },
+    }
+    if kind == "StatefulSet":
+        spec["serviceName"] = name
+    meta = {"name": name, "labels": labels}
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": meta, "spec": spec}
+
+
+def test_post_renderer_takes_statefulsets_and_honours_match_labels() -> None:
+    docs = [
+        _workload("StatefulSet", "llm-a", {"watch": "yes"}),
+        _workload("Deployment", "llm-b", {"watch": "no"}),
+    ]
+    inject: Obj = {"manifests": "---\n".join(yaml.safe_dump(d) for d in docs)}
+    values: Obj = {"engine": {"enabled": False}, "inject": inject}
+    every = checks.workloads(m.render_chart(m.CHART, values))
+    assert sorted((w["kind"], w["metadata"]["name"]) for w in every) == [
+        ("Deployment", "llm-b"),
+        ("StatefulSet", "llm-a"),
+    ]
+    inject["matchLabels"] = {"watch": "yes"}
+    objs = m.render_chart(m.CHART, values)
+    (only,) = checks.workloads(objs)
+    assert (only["kind"], only["metadata"]["name"]) == ("StatefulSet", "llm-a")
+    rendering = m.Rendering("statefulset", "post-renderer", objs, m.Expect())
+    for check in checks.ALL_CHECKS:
+        check(rendering)

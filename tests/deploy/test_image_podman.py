@@ -36,6 +36,7 @@ from tests.deploy.tools import free_port
 
 pytestmark = [pytest.mark.xdist_group("image"), pytest.mark.timeout(2400)]
 INCIDENTS = "/var/lib/engine-watchdog/incidents"
+PREFIX = "ew-test-"  # + this process's PID: stale ones are recognised and removed
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ VARIANTS = (
 @pytest.fixture(scope="module")
 def image() -> Iterator[pm.Podman]:
     podman = pm.podman_or_skip()
+    podman.remove_stale(PREFIX)
     started = time.monotonic()
     base, how = pm.ensure_base(podman)
     base_s = time.monotonic() - started
@@ -69,8 +71,8 @@ def image() -> Iterator[pm.Podman]:
 
 
 def test_image_runs_as_non_root_without_pip_or_build_secret(image: pm.Podman) -> None:
-    out = image.run(
-        "run", "--rm", *pm.ULIMITS, "--entrypoint", "sh", pm.IMAGE_TAG, "-c",
+    out = image.oneshot(
+        f"{PREFIX}{os.getpid()}-shell", "--entrypoint", "sh", pm.IMAGE_TAG, "-c",
         "id -u; engine-watchdog --version; py-spy --version; "
         "test ! -e /opt/engine-watchdog/bin/pip && echo no-pip; "
         "test ! -e /run/secrets/ca && echo no-secret",
@@ -82,7 +84,7 @@ def test_image_runs_as_non_root_without_pip_or_build_secret(image: pm.Podman) ->
 
 def _sidecar_args(v: Variant, engine: str, incidents: Path | None) -> list[str]:
     args = [
-        "run", "--rm", *pm.ULIMITS, f"--pid=container:{engine}", "--network=host",
+        f"--pid=container:{engine}", "--network=host",
         f"--user={v.sidecar_uid}:{v.sidecar_uid}", "--read-only", "--cap-drop=ALL",
         *(f"--cap-add={c}" for c in v.caps), "--security-opt=no-new-privileges",
         "--tmpfs=/tmp",
@@ -124,7 +126,7 @@ def _deadlock(podman: pm.Podman, engine: str, url: str, within_s: float = 20) ->
 def engine(image: pm.Podman, request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     v: Variant = request.param
     port = free_port()
-    name = f"ew-test-engine-{os.getpid()}-{v.name}"
+    name = f"{PREFIX}{os.getpid()}-engine-{v.name}"
     engine_args = (
         "--network=host", f"--user={v.engine_uid}:{v.engine_uid}", "--entrypoint",
         "engine-watchdog", pm.IMAGE_TAG, "sim", "--port", str(port), "--fault", "deadlock",
@@ -141,8 +143,8 @@ def _capture(podman: pm.Podman, v: Variant, engine: str, url: str, tmp: Path) ->
     incidents.mkdir()
     incidents.chmod(0o777)  # an emptyDir: writable by the pod's UID, whichever it is
     args = _sidecar_args(v, engine, incidents)
-    out = podman.run(
-        *args, "capture", "--url", url, "--incident-dir", INCIDENTS, "--json", timeout=120
+    out = podman.oneshot(
+        f"{engine}-capture", *args, "capture", "--url", url, "--incident-dir", INCIDENTS, "--json"
     )
     result: dict[str, Any] = json.loads(out)
     bundle = incidents / Path(result["path"]).name
@@ -159,7 +161,15 @@ def test_sidecar_image_captures_a_deadlocked_engine(
     name, url = engine
     result = _capture(image, v, name, url, tmp_path)
     pyspy, summary = result["steps_by_name"]["py-spy"], result["summary"]
-    doctor = image.run(*_sidecar_args(v, name, None), "doctor", "--pid", "1", "--json", check=False)
+    doctor = image.oneshot(
+        f"{name}-doctor",
+        *_sidecar_args(v, name, None),
+        "doctor",
+        "--pid",
+        "1",
+        "--json",
+        check=False,
+    )
     (ptrace,) = [c for c in json.loads(doctor)["checks"] if c["name"] == "ptrace"]
     print(f"\n[image] {v.name}: py-spy {pyspy['status']}; doctor ptrace: {ptrace}")
     if v.stacks:
