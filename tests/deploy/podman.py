@@ -118,7 +118,8 @@ def heavy(argv: Sequence[str]) -> list[str]:
 
 
 def _lock_holders(path: str) -> set[int]:
-    """PIDs holding a lock on ``path``, from /proc/locks (``PID MAJ:MIN:INODE`` per lock)."""
+    """PIDs holding a lock on ``path``, from /proc/locks (``PID MAJ:MIN:INODE`` per lock;
+    lines with ``->`` are processes still waiting for it)."""
     try:
         st = os.stat(path)
         locks = Path("/proc/locks").read_text()
@@ -128,7 +129,7 @@ def _lock_holders(path: str) -> set[int]:
     holders = set()
     for line in locks.splitlines():
         fields = line.split()
-        if key in fields and fields[fields.index(key) - 1].isdigit():
+        if "->" not in fields and key in fields and fields[fields.index(key) - 1].isdigit():
             holders.add(int(fields[fields.index(key) - 1]))
     return holders
 
