@@ -2,6 +2,9 @@
 # Installs what tests/deploy needs from Debian's packages when it is missing:
 #   promtool, prometheus  <- package prometheus
 #   alertmanager          <- package prometheus-alertmanager (binary: prometheus-alertmanager)
+#   podman, runc          <- packages podman, runc (tests/deploy/test_image_podman.py builds and
+#                            runs deploy/Dockerfile; runc because crun fails on some hosts' cgroups)
+#   debootstrap           <- package debootstrap (the stand-in base image: no registry here)
 # Idempotent (a no-op in well under a second when everything is there), quiet on success,
 # bounded (every apt-get runs under `timeout`); the packages' services are not started.
 # kubectl is checked, not installed: Debian has no package for it.
@@ -12,6 +15,9 @@ have() { command -v "$1" >/dev/null 2>&1; }
 need=()
 { have promtool && have prometheus; } || need+=(prometheus)
 { have alertmanager || have prometheus-alertmanager; } || need+=(prometheus-alertmanager)
+have podman || need+=(podman)
+have runc || need+=(runc)
+have debootstrap || need+=(debootstrap)
 
 if ((${#need[@]})); then
     sudo=()
@@ -41,6 +47,9 @@ if ((${#need[@]})); then
     done
     have alertmanager || have prometheus-alertmanager ||
         { echo "ensure-tools: alertmanager still missing after apt-get install" >&2; exit 1; }
+    for t in podman runc debootstrap; do
+        have "$t" || { echo "ensure-tools: $t still missing after apt-get install" >&2; exit 1; }
+    done
 fi
 
 have kubectl || { echo "ensure-tools: kubectl is missing (tests/deploy render the kustomize overlays with it)" >&2; exit 1; }

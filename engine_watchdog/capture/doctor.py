@@ -73,7 +73,7 @@ def ptrace_check(
             "ptrace",
             "missing",
             f"{where}: ptrace disabled until reboot",
-            "no fix on this node: rely on vLLM --watchdog-config dumps instead",
+            "no fix on this node (until reboot): bundles keep what /proc shows, no stacks",
         )
     if cap_ptrace:
         return Check("ptrace", "ok", f"{where}, CAP_SYS_PTRACE held")

@@ -76,8 +76,8 @@ def faulthandler_step(
                 "(engine.log when --engine-log names the log)"
                 if sent
                 else f"no engine process has a handler for {name} (vLLM registers only SIGTERM "
-                f"and SIGINT): start it with faulthandler.register(signal.{name}) or use vLLM's "
-                "--watchdog-config dumps"
+                f"and SIGINT, and has no self-dump flag): start it with "
+                f"faulthandler.register(signal.{name})"
             )
         return StepResult(STEP_NAME, status, detail=detail, elapsed_s=time.monotonic() - t0)
 

@@ -33,7 +33,9 @@ FIX_MISSING = "py-spy is not installed: pip install py-spy (or put it on PATH)"
 FIX_PERMISSION = (
     "ptrace refused: run the watchdog as root or as the engine's UID, or give it CAP_SYS_PTRACE "
     "(Kubernetes: securityContext.capabilities.add: [SYS_PTRACE] and shareProcessNamespace: "
-    "true), or allow same-UID ptrace with sysctl kernel.yama.ptrace_scope=0"
+    "true), or allow same-UID ptrace with sysctl kernel.yama.ptrace_scope=0 (the only way in a "
+    "Pod Security Baseline namespace, which forbids SYS_PTRACE; without it no stacks can be "
+    "read from outside the engine, and the bundle keeps what /proc shows)"
 )
 
 # Worst first: the step's status is that of its worst dump when none succeeded.

@@ -27,5 +27,12 @@ def test_ensure_tools_is_a_quiet_noop_once_installed() -> None:
     )
     assert again.returncode == 0 and again.stdout == "" and again.stderr == ""
     assert time.monotonic() - second < 5, "a second run must not touch apt"
-    for names in (("promtool",), ("prometheus",), ("alertmanager", "prometheus-alertmanager")):
+    for names in (
+        ("promtool",),
+        ("prometheus",),
+        ("alertmanager", "prometheus-alertmanager"),
+        ("podman",),
+        ("runc",),
+        ("debootstrap",),
+    ):
         tool(*names)

@@ -1,8 +1,7 @@
 """deploy/Dockerfile and its hash-pinned install.
 
-No container engine runs here, so this runs the Dockerfile's own install script
-(deploy/install-locked.sh) into a clean venv and checks the Dockerfile's shape. The full check
-is `docker build -f deploy/Dockerfile .` (docs/kubernetes.md#the-image).
+The Dockerfile's own install script (deploy/install-locked.sh) into a clean venv, and the
+Dockerfile's shape. test_image_podman.py builds the image itself and runs it as the sidecar.
 """
 
 from __future__ import annotations
@@ -76,6 +75,9 @@ def test_dockerfile_shape() -> None:
     for tool in ("apt-get", "gcc", "build-essential", "install-locked.sh", "pip install"):
         assert tool not in final, f"final stage must not run {tool}"
     assert "install-locked.sh deps" in text and "install-locked.sh app" in text
+    # A proxy's CA comes in as a build secret for the downloading step, never as a file.
+    assert "RUN --mount=type=secret,id=ca,required=false" in text
+    assert not re.search(r"^(COPY|ADD)\s.*\.(crt|pem)\b", text, flags=re.MULTILINE | re.IGNORECASE)
 
 
 def test_locked_install_into_a_clean_venv(tmp_path: Path) -> None:

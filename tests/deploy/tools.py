@@ -1,8 +1,8 @@
 """Helpers for the deploy tests: the external tools, bounded subprocesses, metric-name checks.
 
 A missing tool FAILS the test with the command that installs it (never a silent skip):
-``bash deploy/ensure-tools.sh`` (``make test`` runs it) brings promtool, prometheus and
-alertmanager from Debian's packages.
+``bash deploy/ensure-tools.sh`` (``make test`` runs it) brings promtool, prometheus,
+alertmanager, podman, runc and debootstrap from Debian's packages.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ KUBERNETES_VERSION = "1.32.0"
 """Schemas the rendered objects are validated against (kubernetes-validate bundles them)."""
 
 FIX = (
-    "run `bash deploy/ensure-tools.sh` (apt-get install prometheus prometheus-alertmanager);"
-    " `make test` does it"
+    "run `bash deploy/ensure-tools.sh` (apt-get install prometheus prometheus-alertmanager"
+    " podman runc debootstrap); `make test` does it"
 )
 
 

@@ -1,0 +1,190 @@
+{{/* Names and labels. */}}
+{{- define "engine-watchdog.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "engine-watchdog.labels" -}}
+app.kubernetes.io/name: engine-watchdog
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "engine-watchdog.serviceAccountName" -}}
+{{ include "engine-watchdog.fullname" . }}
+{{- end -}}
+
+{{/* Fail early on values that would render a pod that does not do what was asked. */}}
+{{- define "engine-watchdog.validate" -}}
+{{- if not (has .Values.podSecurity (list "ptrace" "baseline")) -}}
+{{- fail (printf "podSecurity must be ptrace or baseline, not %q" (toString .Values.podSecurity)) -}}
+{{- end -}}
+{{- if .Values.liveness.enabled -}}
+{{- if lt (mul (int .Values.liveness.periodSeconds) (int .Values.liveness.failureThreshold)) 30 -}}
+{{- fail "liveness: periodSeconds x failureThreshold must be >= 30 s, or a watchdog restart restarts a healthy engine" -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.engine.enabled .Values.inject.manifests -}}
+{{- fail "inject.manifests is for the post-renderer: set engine.enabled=false with it" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ConfigMap's data: every `watch` flag as ENGINE_WATCHDOG_<FLAG>. */}}
+{{- define "engine-watchdog.configData" -}}
+{{- $data := dict -}}
+{{- range $flag, $value := .Values.config -}}
+{{- $_ := set $data (printf "ENGINE_WATCHDOG_%s" ($flag | upper | replace "-" "_")) (toString $value) -}}
+{{- end -}}
+{{- if .Values.liveness.enabled -}}
+{{- $actions := without (splitList "," $data.ENGINE_WATCHDOG_ACTION) "liveness" -}}
+{{- $_ := set $data "ENGINE_WATCHDOG_ACTION" (append $actions "liveness" | join ",") -}}
+{{- end -}}
+{{- if .Values.events.enabled -}}
+{{- $_ := set $data "ENGINE_WATCHDOG_K8S_EVENTS" "true" -}}
+{{- end -}}
+{{- with .Values.alertmanager.url -}}
+{{- $_ := set $data "ENGINE_WATCHDOG_ALERTMANAGER" . -}}
+{{- end -}}
+{{- if .Values.guard.enabled -}}
+{{- $_ := set $data "ENGINE_WATCHDOG_GUARD_LISTEN" (printf "0.0.0.0:%d" (int .Values.guard.port)) -}}
+{{- end -}}
+{{- toYaml $data -}}
+{{- end -}}
+
+{{/* Engine env: CUDA user-triggered core dumps and the NCCL flight recorder, into the dumps
+volume (FACTS.md; docs/kubernetes.md). */}}
+{{- define "engine-watchdog.engineEnv" -}}
+- name: CUDA_ENABLE_USER_TRIGGERED_COREDUMP
+  value: "1"
+- name: CUDA_COREDUMP_PIPE
+  value: /var/run/engine-watchdog/dumps/cuda_pipe_%p
+- name: CUDA_COREDUMP_FILE
+  value: /var/run/engine-watchdog/dumps/cuda_core_%p.nvcudmp
+- name: CUDA_COREDUMP_GENERATION_FLAGS
+  value: skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,skip_local_memory,skip_constbank_memory
+- name: TORCH_NCCL_TRACE_BUFFER_SIZE
+  value: "2000"
+- name: TORCH_FR_BUFFER_SIZE
+  value: "2000"
+- name: TORCH_NCCL_DEBUG_INFO_PIPE_FILE
+  value: /var/run/engine-watchdog/dumps/nccl_pipe_
+- name: TORCH_NCCL_DEBUG_INFO_TEMP_FILE
+  value: /var/run/engine-watchdog/dumps/nccl_trace_rank_
+- name: TORCH_FR_DUMP_TEMP_FILE
+  value: /var/run/engine-watchdog/dumps/nccl_trace_rank_
+{{- end -}}
+
+{{- define "engine-watchdog.livenessProbe" -}}
+httpGet:
+  path: /livez
+  port: 9400 # the watchdog's port (a named port must be the probed container's own)
+periodSeconds: {{ .Values.liveness.periodSeconds }}
+timeoutSeconds: {{ .Values.liveness.timeoutSeconds }}
+failureThreshold: {{ .Values.liveness.failureThreshold }}
+{{- end -}}
+
+{{/* The sidecar container. Argument: (dict "root" $ "apiKeyEnv" <valueFrom or nil>
+"runAs" <runAsUser/runAsGroup or nil>). */}}
+{{- define "engine-watchdog.container" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+name: engine-watchdog
+image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
+imagePullPolicy: {{ $v.image.pullPolicy }}
+args: ["watch"] # the engine URL and every setting come from the ConfigMap
+envFrom:
+  - configMapRef:
+      name: {{ include "engine-watchdog.fullname" $root }}
+env:
+  # NVML without a GPU of its own (docs/kubernetes.md#gpu-access); no nvidia.com/gpu request.
+  - name: NVIDIA_VISIBLE_DEVICES
+    value: all
+  - name: NVIDIA_DRIVER_CAPABILITIES
+    value: utility
+  {{- with .apiKeyEnv }}
+  - name: ENGINE_WATCHDOG_API_KEY
+    valueFrom: {{- toYaml . | nindent 6 }}
+  {{- end }}
+  {{- if $v.events.enabled }}
+  - name: POD_NAME
+    valueFrom: {fieldRef: {fieldPath: metadata.name}}
+  - name: POD_NAMESPACE
+    valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+  - name: POD_UID
+    valueFrom: {fieldRef: {fieldPath: metadata.uid}}
+  {{- end }}
+ports:
+  - name: watchdog
+    containerPort: 9400
+  {{- if $v.guard.enabled }}
+  - name: guard
+    containerPort: {{ $v.guard.port }}
+  {{- end }}
+# No readiness or liveness probe: a readiness probe would take the ENGINE out of its Service
+# whenever the watchdog hiccups; the watchdog exits non-zero when a loop dies.
+securityContext:
+  {{- with .runAs }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: ["ALL"]
+    {{- if eq $v.podSecurity "ptrace" }}
+    add: ["SYS_PTRACE"]
+    {{- end }}
+resources: {{- toYaml $v.resources | nindent 2 }}
+volumeMounts:
+  - name: engine-watchdog-dumps
+    mountPath: /var/run/engine-watchdog/dumps
+  - name: engine-watchdog-incidents
+    mountPath: {{ index $v.config "incident-dir" | default "/var/lib/engine-watchdog/incidents" }}
+  - name: engine-watchdog-tmp
+    mountPath: /tmp
+  {{- if $v.events.enabled }}
+  - name: engine-watchdog-token
+    mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+    readOnly: true
+  {{- end }}
+{{- end -}}
+
+{{- define "engine-watchdog.volumes" -}}
+- name: engine-watchdog-dumps
+  emptyDir:
+    sizeLimit: {{ .Values.dumps.sizeLimit }}
+- name: engine-watchdog-incidents
+  {{- with .Values.incidents.persistentVolumeClaim }}
+  persistentVolumeClaim:
+    claimName: {{ . }}
+  {{- else }}
+  emptyDir:
+    sizeLimit: {{ .Values.incidents.sizeLimit }}
+  {{- end }}
+- name: engine-watchdog-tmp
+  emptyDir:
+    sizeLimit: 1Gi
+{{- if .Values.events.enabled }}
+- name: engine-watchdog-token
+  projected:
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3600
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - key: ca.crt
+              path: ca.crt
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef:
+                fieldPath: metadata.namespace
+{{- end }}
+{{- end -}}
