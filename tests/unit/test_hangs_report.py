@@ -213,3 +213,26 @@ def test_the_exposition_parser_sums_ranks_and_skips_noise() -> None:
     ]
     pts = points(recs, "vllm")
     assert [r.rate for r in rows(pts)] == [None, 10.0, 0.0] and last_progress(pts) == 10.0
+
+
+SECRET_FIXTURES = Path(__file__).resolve().parents[1] / "data" / "bad_input" / "secrets.json"
+
+
+def test_the_hardening_secret_fixtures_never_reach_the_report(tmp_path: Path) -> None:
+    """Every form of issue 12's secret corpus, put unredacted into every file the report reads
+    (command line, environment, log, timeline): none of them is in report.md."""
+    fixtures = json.loads(SECRET_FIXTURES.read_text())
+    b = tmp_path / "foreign"
+    shutil.copytree(FIXTURES / "vllm-mtp-engine-core-waits-on-workers", b)
+    procs = json.loads((b / "processes.json").read_text())
+    procs[0]["cmdline"] += fixtures["engine_argv"]
+    procs[0]["title"] = " ".join(fixtures["shell_argv"])
+    (b / "processes.json").write_text(json.dumps(procs))
+    with (b / "engine.log").open("a") as f:
+        f.write(" ".join(fixtures["engine_argv"]) + "\n" + " ".join(fixtures["env_prefix"]) + "\n")
+        f.write(f"connecting to http://{fixtures['target_userinfo']}@127.0.0.1:8000/v1\n")
+    with (b / "timeline.jsonl").open("a") as f:
+        detail = f"http://{fixtures['target_userinfo']}@127.0.0.1:8000/metrics: timeout"
+        f.write(json.dumps({"t": 1.0, "kind": "scrape", "detail": detail}))
+    text = report_of(b)
+    assert [s for s in fixtures["secrets"] if s in text] == []
