@@ -233,7 +233,8 @@ class GuardObs:
     """Of which SSE streams that have had at least one event."""
     events: int = 0
     finished: int = 0
-    """Requests that ended since the previous observation (any outcome)."""
+    """Requests the engine completed since the previous observation (not those the guard
+    ended, refused, or whose client left)."""
     last_event_t: float | None = None
     """The newest event on any stream."""
     gaps: tuple[int, ...] = ()

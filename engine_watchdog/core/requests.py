@@ -9,8 +9,9 @@ have been silent far beyond what the engine does for the others (docs/guard.md):
   own stream back (back-pressure) and is never stuck;
 - its silence is over the threshold: ten times the live 99th-percentile gap between events,
   never under ``--request-stall-seconds`` (core/wire.py explains the factor);
-- other streams got events during its silence, recently: when the whole wire is silent, the
-  engine is the matter (the detector's verdict), not one request;
+- other streams got events for at least half the threshold after its last one, and within the
+  last half: when the whole wire is silent, the engine is the matter (the detector's verdict),
+  not one request (a batch that froze together ends its streams microseconds apart);
 - the engine preempted nothing since the stream's last event while requests wait: a preempted
   request waits to be recomputed, silent, as the others go on.
 
@@ -28,9 +29,6 @@ from engine_watchdog.core.wire import GapWindow
 
 PREEMPTIONS = "preemptions"
 """The engine profiles' progress key of the preemption counter."""
-RECENT_S = 5.0
-"""Another stream's event this recent means the others move (an engine step every few seconds
-still counts; a silent engine does not)."""
 BURST_COUNT = 3
 BURST_WINDOW_S = 300.0
 
@@ -80,8 +78,10 @@ class RequestJudge:
         if silent < threshold:
             return None
         newest = obs.last_event_t
-        if newest is None or newest <= s.last_event_t or obs.t - newest > RECENT_S:
-            return None  # nobody moves: the engine's matter, not this request's
+        if newest is None or newest - s.last_event_t < threshold / 2:
+            return None  # the others stopped with it: the engine's matter, not this request's
+        if obs.t - newest > threshold / 2:
+            return None  # nobody moves now
         if self._waiting > 0 and (self._preempted_t or -1.0) >= s.last_event_t:
             return None  # preempted, waiting to be recomputed
         return (

@@ -93,6 +93,9 @@ class Wire:
         self.gaps = GapWindow()
         self.last: GuardObs | None = None
         self.last_event_t: float | None = None
+        self.open_since_event = False
+        """Streams that have had events were open at some observation since the last event:
+        the silence is theirs (it stays so once they are answered and closed)."""
 
     def add(self, obs: GuardObs) -> bool:
         """Remember one observation; True when it shows progress (events or ended requests)."""
@@ -100,11 +103,14 @@ class Wire:
         self.gaps.add(obs.t, obs.gaps)
         if obs.last_event_t is not None:
             self.last_event_t = max(self.last_event_t or obs.last_event_t, obs.last_event_t)
+        if obs.events > 0:
+            self.open_since_event = False
+        self.open_since_event |= obs.decoding > 0
         return obs.events > 0 or obs.finished > 0
 
     def silent_streams(self, t: float) -> bool:
-        """Streams that have had events are open now, per a fresh observation."""
-        return self.last is not None and t - self.last.t <= FRESH_S and self.last.decoding > 0
+        """The guard reports (a fresh observation), and streams were open in the silence."""
+        return self.last is not None and t - self.last.t <= FRESH_S and self.open_since_event
 
 
 def wire_stall(

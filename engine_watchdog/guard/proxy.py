@@ -143,6 +143,9 @@ class Guard:
             log.warning("guard: %s", f"refusing new requests: {message}" if message else "passing")
         self.refusal = message
 
+    def count_stuck(self) -> None:
+        self.stats.stuck += 1
+
     def end(self, request_id: str, message: str) -> bool:
         """End one stuck request on both sides; False when it is not (or no longer) here."""
         for ex in list(self.open.values()):
@@ -170,7 +173,8 @@ class Guard:
         stats = self.stats
         events, finished, gaps = self._seen
         counts = list(stats.gaps.counts)
-        self._seen = (stats.events, stats.finished, counts)
+        completed = stats.outcomes["completed"]
+        self._seen = (stats.events, completed, counts)
         quiet, decoding = [], 0
         for ex in self.open.values():
             if not ex.sse or ex.last_event_t is None:
@@ -192,7 +196,7 @@ class Guard:
             open=len(self.open),
             decoding=decoding,
             events=stats.events - events,
-            finished=stats.finished - finished,
+            finished=completed - finished,
             last_event_t=self.last_event_t,
             gaps=tuple(a - b for a, b in zip(counts, gaps, strict=True)),
             quiet=tuple(quiet),
