@@ -111,6 +111,9 @@ async def serve(settings: SimSettings) -> int:
         build_app(settings, group, metrics, api_fault),
         access_log_format=ACCESS_LOG_FORMAT,
         shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S,
+        # vLLM's completion and chat routes are @with_cancellation: a client that goes away
+        # aborts its request at once, even one waiting for its next token (FACTS.md).
+        handler_cancellation=True,
     )
     await runner.setup()
     try:

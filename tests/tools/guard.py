@@ -1,0 +1,184 @@
+"""The guard as tests see it: ``engine-watchdog guard`` (or ``run --guard-listen``) as a real
+process, and streaming clients that keep every SSE event they got, and when."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from engine_watchdog.sim.launcher import free_port
+from tests.tools.cli import CONSOLE_SCRIPT
+
+
+@dataclass
+class GuardProcess:
+    """A watchdog process with a guard: ``guard_url`` for clients, ``base`` for its own API;
+    every JSON transition it prints is kept in ``lines`` (with the time it was read)."""
+
+    proc: asyncio.subprocess.Process
+    base: str
+    guard_url: str
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    reader: asyncio.Task[None] | None = None
+
+    async def read_lines(self) -> None:
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and "state" in doc:
+                self.lines.append(doc | {"read_t": time.time()})
+
+    async def wait_state(self, state: str, timeout: float, since: float = 0.0) -> dict[str, Any]:
+        """The first verdict in ``state`` read after ``since`` (time.time())."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for doc in self.lines:
+                if doc["state"] == state and doc["read_t"] >= since:
+                    return doc
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"no {state} verdict in {timeout:.0f} s: {self.states()}")
+
+    def states(self) -> list[str]:
+        return [f"{d['state']}({d['cause']})" for d in self.lines]
+
+    async def metrics(self) -> str:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(self.base + "/metrics", timeout=aiohttp.ClientTimeout(5)) as r,
+        ):
+            return await r.text()
+
+
+async def start_guard(
+    command: str, url: str, *args: str, tail: tuple[str, ...] = ()
+) -> GuardProcess:
+    """``engine-watchdog guard URL`` (or ``run URL ... -- tail``) with a guard port and a
+    watchdog port of its own, JSON transitions on stdout, in its own process group."""
+    listen = f"127.0.0.1:{free_port()}"
+    guard = f"127.0.0.1:{free_port()}"
+    argv = [command, url, "--json", "--listen", listen, "--guard-listen", guard, "--no-gpu", *args]
+    if tail:
+        argv += ["--", *tail]
+    proc = await asyncio.create_subprocess_exec(
+        str(CONSOLE_SCRIPT), *argv, stdout=asyncio.subprocess.PIPE, start_new_session=True
+    )
+    started = GuardProcess(proc, f"http://{listen}", f"http://{guard}")
+    started.reader = asyncio.create_task(started.read_lines())
+    try:
+        await wait_listening(started.guard_url, 20.0)
+    except BaseException:
+        await stop_guard(started)
+        raise
+    return started
+
+
+async def stop_guard(guard: GuardProcess) -> None:
+    if guard.proc.returncode is None:
+        os.killpg(guard.proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(guard.proc.wait(), 10)
+        except TimeoutError:
+            os.killpg(guard.proc.pid, signal.SIGKILL)
+            await guard.proc.wait()
+    if guard.reader is not None:
+        await asyncio.wait_for(guard.reader, 5)
+
+
+async def wait_listening(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            try:
+                async with s.get(url + "/metrics", timeout=aiohttp.ClientTimeout(2)):
+                    return
+            except (aiohttp.ClientError, TimeoutError):
+                await asyncio.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {url} after {timeout:.0f} s")
+
+
+@dataclass
+class Stream:
+    """One streaming request as its client saw it."""
+
+    request_id: str
+    status: int = 0
+    events: list[bytes] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    """time.time() of each event's arrival."""
+    headers: dict[str, str] = field(default_factory=dict)
+    ended_t: float | None = None
+    body: bytes = b""
+
+    @property
+    def done(self) -> bool:
+        return bool(self.events) and self.events[-1] == b"data: [DONE]"
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        for event in self.events:
+            if event.startswith(b"data: {") and b'"error"' in event[:20]:
+                doc: dict[str, Any] = json.loads(event[len(b"data: ") :])["error"]
+                return doc
+        return None
+
+    @property
+    def tokens(self) -> int:
+        return sum(1 for e in self.events if b'"choices"' in e)
+
+
+def completion(model: str, max_tokens: int, stream: bool = True, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompt": "The engine served every request until",
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        **extra,
+    }
+
+
+async def stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    request_id: str | None = None,
+    timeout: float = 120.0,
+) -> Stream:
+    """POST /v1/completions and keep every SSE event (or the body, when it does not stream)."""
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    got = Stream(request_id or "")
+    async with session.post(
+        url + "/v1/completions",
+        json=body,
+        headers=headers,
+        timeout=aiohttp.ClientTimeout(total=timeout),
+    ) as resp:
+        got.status, got.headers = resp.status, dict(resp.headers)
+        if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+            got.body = await resp.read()
+        else:
+            async for line in resp.content:
+                if line.startswith(b"data:"):
+                    got.events.append(line.rstrip(b"\r\n"))
+                    got.times.append(time.time())
+    got.ended_t = time.time()
+    return got
+
+
+async def post_json(url: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(url, json=body, timeout=aiohttp.ClientTimeout(timeout)) as r,
+    ):
+        return await r.json()
