@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -111,9 +112,9 @@ async def sim_requests(sim: SimProcess) -> list[dict[str, object]]:
     return rows
 
 
-async def get_json(url: str) -> dict[str, object]:
+async def get_json(url: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as s, s.get(url) as r:
-        doc: dict[str, object] = await r.json()
+        doc: dict[str, Any] = await r.json()
         return doc
 
 
@@ -133,7 +134,7 @@ async def test_a_client_that_leaves_closes_its_upstream_request() -> None:
                     await resp.content.readline()
                 assert len(await sim_requests(sim)) == 1
                 resp.close()  # the client goes away mid-stream
-                for _ in range(50):  # noqa: ASYNC110 (polling another process)
+                for _ in range(50):
                     if not await sim_requests(sim):
                         break
                     await asyncio.sleep(0.1)
@@ -248,7 +249,7 @@ async def sse_server() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def slow_reader(url: str, body: dict[str, object], pause_s: float) -> bytes:
+async def slow_reader(url: str, body: dict[str, Any], pause_s: float) -> bytes:
     """A raw client with a small receive buffer that reads a little, stops reading for
     ``pause_s``, then reads to the end."""
     host, port = url.removeprefix("http://").split(":")
@@ -275,25 +276,27 @@ async def slow_reader(url: str, body: dict[str, object], pause_s: float) -> byte
 
 
 async def test_a_frozen_engine_s_clients_are_answered_at_once_and_new_ones_refused() -> None:
-    async with SimProcess("--served-model-name", MODEL, "--tokens-per-second", "25") as sim:
-        async with watched(sim, "--action", "answer", "--startup-grace", "0") as g:
-            async with aiohttp.ClientSession() as s:
-                clients = [
-                    asyncio.create_task(stream(s, g.guard_url, completion(MODEL, 5000), f"c-{i}"))
-                    for i in range(6)
-                ]
-                await g.wait_state("progressing", 20)
-                await asyncio.sleep(2)
-                os.kill(sim.engine_pids()[0], signal.SIGSTOP)
-                try:
-                    verdict = await g.wait_state("stalled", 20)
-                    refused = await stream(s, g.guard_url, completion(MODEL, 5))
-                    refused_t = time.time()
-                    answered = await asyncio.wait_for(asyncio.gather(*clients), 10)
-                finally:
-                    os.kill(sim.engine_pids()[0], signal.SIGCONT)
-                await g.wait_state("idle", 30, since=verdict["read_t"])
-                again = await stream(s, g.guard_url, completion(MODEL, 5))
+    async with (
+        SimProcess("--served-model-name", MODEL, "--tokens-per-second", "25") as sim,
+        watched(sim, "--action", "answer", "--startup-grace", "0") as g,
+        aiohttp.ClientSession() as s,
+    ):
+        clients = [
+            asyncio.create_task(stream(s, g.guard_url, completion(MODEL, 5000), f"c-{i}"))
+            for i in range(6)
+        ]
+        await g.wait_state("progressing", 20)
+        await asyncio.sleep(2)
+        os.kill(sim.engine_pids()[0], signal.SIGSTOP)
+        try:
+            verdict = await g.wait_state("stalled", 20)
+            refused = await stream(s, g.guard_url, completion(MODEL, 5))
+            refused_t = time.time()
+            answered = await asyncio.wait_for(asyncio.gather(*clients), 10)
+        finally:
+            os.kill(sim.engine_pids()[0], signal.SIGCONT)
+        await g.wait_state("idle", 30, since=verdict["read_t"])
+        again = await stream(s, g.guard_url, completion(MODEL, 5))
     last_token = max(t for c in answered for t in c.times[:-2])
     assert verdict["t"] - last_token <= 6.0, verdict  # the target: within 6 s of the last event
     assert verdict["cause"] == "stopped", verdict
