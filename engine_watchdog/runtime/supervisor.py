@@ -54,6 +54,8 @@ class GuardControl(Protocol):
     def count_stuck(self) -> None: ...
 
 
+ANSWER_WAIT_S = 0.5
+"""How long the answer rung waits for the hold-back checks (the engine paused on purpose)."""
 STUCK_REQUESTS = "stuck-requests"
 """The cause of an incident made of several stuck requests (the engine serves the others)."""
 ActionListener = Callable[[str, Action, str, Outcome | None], None]
@@ -143,11 +145,16 @@ class Supervisor:
             if Action.CAPTURE in rungs:
                 await self._act(Action.CAPTURE, self.actions.capture(verdict, destructive=False))
             return
-        if await self._hold_back(verdict):
+        hold_back = asyncio.create_task(self._hold_back(verdict), name="hold-back")
+        if Action.ANSWER in rungs and self.guard is not None:
+            # Clients wait for nothing: a paused engine answers /is_paused at once, a hung one
+            # never (its loop holds the answer), so a short wait tells them apart.
+            await asyncio.wait({hold_back}, timeout=ANSWER_WAIT_S)
+            if not (hold_back.done() and hold_back.result()):
+                await self._act(Action.ANSWER, self._answer(verdict))
+        if await hold_back:
             await self._wait_for(self._recovered, None)
             return
-        if Action.ANSWER in rungs and self.guard is not None:
-            await self._act(Action.ANSWER, self._answer(verdict))
         if Action.CAPTURE in rungs:
             await self._act(Action.CAPTURE, self.actions.capture(verdict, destructive=False))
         if Action.ABORT in rungs and verdict.cause != Cause.ENGINE_DEAD:
