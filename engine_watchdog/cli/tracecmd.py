@@ -72,20 +72,21 @@ def replay(trace: Path, engine: str | None, **kw: Any) -> None:
     override them.
     """
     from engine_watchdog.report.console import transition_line
-    from engine_watchdog.runtime.replay import replay as run_replay
-    from engine_watchdog.runtime.replay import replay_document
+    from engine_watchdog.runtime.replay import replay_all, replay_document
 
     as_json = JSON.take(kw)
     given = DETECTOR.overrides(kw)
     profile = PROFILES[engine] if engine else VLLM
     with trace.open(encoding="utf-8", errors="replace") as lines:
-        changes = run_replay(
+        changes, stuck = replay_all(
             lines, profile, lambda s: fold_thresholds(given(s)), follow_engine=engine is None
         )
     if as_json:
-        click.echo(json.dumps(replay_document(changes)))
+        click.echo(json.dumps(replay_document(changes, stuck)))
     else:
         for change in changes:
             click.echo(transition_line(change, str(trace)))
+        for s in stuck:
+            click.echo(f"{s.t:.3f} request {s.request_id} stuck: {s.evidence}")
     stalled = replay_document(changes)["first_stall_t"] is not None
     sys.exit(1 if stalled else 0)

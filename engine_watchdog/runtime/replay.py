@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from engine_watchdog.core.detector import Detector
-from engine_watchdog.core.model import State, Transition
+from engine_watchdog.core.model import State, StuckRequest, Transition
 from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.runtime.trace import RecordedSettings, read_trace
@@ -28,21 +28,40 @@ def replay(
     """Judge a trace. ``settings``: fixed settings, or overrides put over the ones the trace
     was recorded with (defaults until its first settings record). ``follow_engine``: parse
     scrapes with the engine profile the trace names (the caller did not name one)."""
+    return replay_all(lines, profile, settings, follow_engine)[0]
+
+
+def replay_all(
+    lines: Iterable[str],
+    profile: EngineProfile,
+    settings: DetectorSettings | Overrides = lambda s: s,
+    follow_engine: bool = False,
+) -> tuple[list[Transition], list[StuckRequest]]:
+    """:func:`replay`, and the requests the request judge found stuck (traces with guard
+    records, core/requests.py)."""
     overrides = (lambda _: settings) if isinstance(settings, DetectorSettings) else settings
     detector = Detector(overrides(DetectorSettings()))
     changes: list[Transition] = []
+    stuck: list[StuckRequest] = []
     for item in read_trace(lines, profile, follow_engine):
         if isinstance(item, RecordedSettings):
             detector.settings = overrides(item.detector)
         else:
             changes += detector.feed(item)
-    return changes
+            stuck += detector.take_stuck()
+    return changes, stuck
 
 
-def replay_document(changes: list[Transition]) -> dict[str, Any]:
+def replay_document(
+    changes: list[Transition], stuck: list[StuckRequest] | None = None
+) -> dict[str, Any]:
     """The documented ``replay --json`` shape."""
     stalls = [c.new for c in changes if c.new.state is State.STALLED]
     return {
+        "stuck_requests": [
+            {"t": s.t, "request_id": s.request_id, "silent_s": s.silent_s, "burst": s.burst}
+            for s in stuck or ()
+        ],
         "transitions": [
             {"t": c.new.t, "engine": c.new.engine, "state": c.new.state.value, "cause": c.new.cause}
             for c in changes

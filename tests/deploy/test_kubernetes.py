@@ -38,7 +38,7 @@ DUMP_PATHS = (
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
     "TORCH_FR_DUMP_TEMP_FILE",
 )
-WITH_PTRACE = ("default", "liveness", "events")
+WITH_PTRACE = ("default", "liveness", "events", "guard")
 
 
 def _render(path: str) -> list[Obj]:
@@ -118,7 +118,10 @@ def test_sidecar_shape(rendered: dict[str, list[Obj]], overlay: str) -> None:
         assert "nvidia.com/gpu" not in sidecar["resources"].get(kind, {})
     assert sidecar["resources"]["requests"] and sidecar["resources"]["limits"]["memory"]
     assert "readinessProbe" not in sidecar and "livenessProbe" not in sidecar
-    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {"watchdog": 9400}
+    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]} == {
+        "watchdog": 9400,
+        "guard": 8001,
+    }
     assert "startupProbe" in engine
 
 
@@ -224,3 +227,20 @@ def test_podmonitors_select_the_sidecar_and_vllm(rendered: dict[str, list[Obj]])
         (relabel,) = endpoint["relabelings"]
         jobs[endpoint["port"]] = relabel["replacement"]
     assert jobs == {"watchdog": "engine-watchdog", "http": "vllm"}
+
+
+def test_only_the_guard_overlay_sends_clients_through_the_guard(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    """The Service's target is the engine everywhere but in the guard overlay, whose guard
+    also answers clients at a stall (the answer rung)."""
+    for overlay, objs in rendered.items():
+        (service,) = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "vllm"]
+        target = service["spec"]["ports"][0]["targetPort"]
+        assert target == ("guard" if overlay == "guard" else "http"), overlay
+        (config,) = [
+            o for o in objs if o["kind"] == "ConfigMap" and "watchdog" in o["metadata"]["name"]
+        ]
+        assert config["data"]["ENGINE_WATCHDOG_GUARD_LISTEN"] == "0.0.0.0:8001"
+        actions = config["data"]["ENGINE_WATCHDOG_ACTION"].split(",")
+        assert ("answer" in actions) == (overlay == "guard"), overlay
