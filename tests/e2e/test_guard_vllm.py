@@ -27,6 +27,7 @@ import aiohttp
 import pytest
 
 from engine_watchdog.sim.launcher import free_port
+from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.tools.guard import Stream, completion, stream
 from tests.tools.recovery_harness import (
     REPORT_LINES,
@@ -118,27 +119,26 @@ async def test_healthy_load_through_the_guard_is_identical_and_never_aborted(
 async def test_only_the_stuck_request_is_answered_and_the_engine_drops_it(
     supervised: Supervised,
 ) -> None:
+    """Three clients stream continuously (so the others always move) while one request is kept
+    from being scheduled after two tokens."""
     sup = supervised
-    async with aiohttp.ClientSession() as session:
-        others = [
-            asyncio.create_task(stream(session, GUARD, completion(SERVED_MODEL, 1500), f"ok-{i}"))
-            for i in range(3)
-        ]
-        stuck = await stream(session, GUARD, completion(SERVED_MODEL, 1500), "stuck-1")
+    async with (
+        aiohttp.ClientSession() as session,
+        StreamingLoad(GUARD, clients=3, max_tokens=300, model=SERVED_MODEL) as load,
+    ):
+        await load.wait_for(chunks=20, in_flight=3, timeout=60)
+        body = completion(SERVED_MODEL, 1500)
+        stuck = await stream(session, GUARD, body, "stuck-1", timeout=90)
         await asyncio.sleep(1.0)
-        running = metric_sum(
-            (await asyncio.to_thread(http_get, sup.base_url + "/metrics"))[1],
-            "vllm:num_requests_running",
-        )
-        moving = [t for t in others if not t.done()]
-        done = await asyncio.gather(*others)
-    assert stuck.error is not None and stuck.done, stuck.events[-3:]
-    assert stuck.error["code"] == 503
-    assert stuck.tokens == 2  # the plugin let it have two
-    for other in done:
-        assert other.error is None and other.done and other.tokens == 1500
-    assert moving, "the others finished before the stuck one was judged: nothing was shown"
-    assert running == len(moving), running  # the stuck request is no longer in the batch
+        text = (await asyncio.to_thread(http_get, sup.base_url + "/metrics"))[1]
+        running, in_flight = metric_sum(text, "vllm:num_requests_running"), load.in_flight
+        outcome = await load.stop(drain_s=60)
+    context = f"{stuck.events[-3:]}\n{sup.log_tail(40)}"
+    assert stuck.error is not None and stuck.done, context
+    assert stuck.error["code"] == 503, context
+    assert stuck.tokens == 2, context  # the plugin let it have two
+    assert (outcome.errored, outcome.hanging) == (0, 0), outcome.errors
+    assert running <= in_flight, (running, in_flight)  # the stuck request left the batch
     assert (
         await watchdog_metric(sup, "engine_watchdog_guard_aborted_requests_total", reason="stuck")
         == 1
