@@ -116,6 +116,8 @@ async def assemble(
 ) -> Target:
     watcher = Watcher(settings, session)
     target = Target(settings, watcher, [ConsoleReporter(settings.as_json, out)])
+    if settings.guard.listen:  # first: a taken port is said before anything else starts
+        target.guard = await _guard(settings, watcher, metrics)
     target.reporters.append(MetricsReporter(metrics, watcher))
     if settings.record:
         target.writer = TraceWriter(settings.record)
@@ -130,8 +132,8 @@ async def assemble(
     target.supervisor = _supervisor(settings, watcher, metrics, history, target.child)
     if target.supervisor:
         target.reporters.append(target.supervisor)
-    if settings.guard.listen:
-        target.guard = await _guard(settings, watcher, metrics, target.supervisor)
+        if target.guard is not None:
+            _guard_orders(settings, watcher, target.supervisor, target.guard)
     if settings.report.k8s_events:
         _add_events(target, settings.report.k8s_events, session)
     if settings.report.alertmanager:
@@ -145,28 +147,34 @@ async def assemble(
     return target
 
 
-async def _guard(
-    settings: WatchSettings,
-    watcher: Watcher,
-    metrics: WatchdogMetrics,
-    supervisor: Supervisor | None,
-) -> Guard:
-    """The guard in front of the engine: the watcher's probe, the supervisor's hands."""
+async def _guard(settings: WatchSettings, watcher: Watcher, metrics: WatchdogMetrics) -> Guard:
+    """The guard in front of the engine, listening: the watcher's probe."""
     assert settings.guard.listen is not None
     guard = Guard(settings.guard, settings.url)
+    try:
+        await guard.start(*parse_listen(settings.guard.listen, "--guard-listen"))
+    except OSError as exc:
+        await guard.stop()
+        raise SettingsError(
+            f"--guard-listen {settings.guard.listen}: {exc.strerror or exc}; give a free host:port"
+        ) from None
     watcher.wire = guard
     metrics.registry.register(
         GuardCollector(
             settings.url, guard.stats, lambda: len(guard.open), lambda: bool(guard.refusal)
         )
     )
-    if supervisor is not None:
-        supervisor.guard = guard
-        supervisor.request_action = settings.guard.request_action
-        supervisor.note = watcher.note
-        watcher.stuck_listeners.append(supervisor.on_stuck)
-    await guard.start(*parse_listen(settings.guard.listen, "--guard-listen"))
     return guard
+
+
+def _guard_orders(
+    settings: WatchSettings, watcher: Watcher, supervisor: Supervisor, guard: Guard
+) -> None:
+    """The supervisor's hands: it decides, the guard carries out."""
+    supervisor.guard = guard
+    supervisor.request_action = settings.guard.request_action
+    supervisor.note = watcher.note
+    watcher.stuck_listeners.append(supervisor.on_stuck)
 
 
 def _add_events(target: Target, where: str, session: aiohttp.ClientSession) -> None:

@@ -29,6 +29,7 @@ from aiohttp import web
 from engine_watchdog.core.settings import GuardSettings
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.sim.launcher import SimProcess, free_port
+from tests.tools.cli import run_cli
 from tests.tools.guard import (
     GuardProcess,
     completion,
@@ -375,3 +376,22 @@ async def test_legitimate_quiet_is_never_stuck_nor_stalled() -> None:
     assert errors == []
     assert metric(text, "engine_watchdog_guard_stuck_requests_total") == 0
     assert "stalled" not in {d["state"] for d in g.lines}, g.states()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--guard-listen", "nonsense"), "--guard-listen 'nonsense': give host:port"),
+        (("--request-action", "kill"), "Invalid value for '--request-action'"),
+        (("--guard-listen", "127.0.0.1:{taken}"), "give a free host:port"),
+    ],
+)
+async def test_bad_guard_options_are_one_line_and_exit_64(args: tuple[str, ...], says: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [a.format(taken=port) for a in args]
+        ran = await run_cli("guard", "http://127.0.0.1:1", "--no-gpu", *argv, timeout=30)
+    assert ran.code == 64, ran.err
+    assert says in ran.err and len(ran.err.strip().splitlines()) == 1, ran.err
