@@ -34,7 +34,8 @@ from tests.tools.cli import CONSOLE_SCRIPT
 from tests.tools.guard import wait_listening
 
 WARMUP_S = 3.0
-MAX_TOKENS = 100_000
+MAX_TOKENS = [100_000]
+"""Tokens per request (a real engine's context bounds it: --max-tokens)."""
 
 
 @dataclass
@@ -64,11 +65,23 @@ def pct(values: list[float], q: float) -> float:
 async def one_stream(
     session: aiohttp.ClientSession, url: str, model: str, phase: Phase, window: list[float]
 ) -> None:
-    body = {"model": model, "prompt": "go", "max_tokens": MAX_TOKENS, "stream": True}
+    """One stream at a time per client, again and again until the window ends."""
+    while time.time() < window[1]:
+        if not await one_request(session, url, model, phase, window):
+            return
+
+
+async def one_request(
+    session: aiohttp.ClientSession, url: str, model: str, phase: Phase, window: list[float]
+) -> bool:
+    body = {"model": model, "prompt": "go", "max_tokens": MAX_TOKENS[0], "stream": True}
     body |= {"ignore_eos": True, "temperature": 0.0}
     start = time.time()
     try:
         async with session.post(url + "/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                phase.errors += 1
+                return False
             async for line in resp.content:
                 now = time.time()
                 if not line.startswith(b"data: {"):
@@ -82,16 +95,18 @@ async def one_stream(
                     if at > 0:
                         phase.latencies.append(now - float(line[at + 8 : line.rfind(b"}")]))
                 elif now > window[1]:
-                    return
+                    return False
     except (aiohttp.ClientError, TimeoutError, ValueError):
         phase.errors += 1
+        return False
+    return True
 
 
 async def run_phase(
     url: str, model: str, streams: int, seconds: float, guard: psutil.Process | None
 ) -> Phase:
     phase = Phase()
-    begin = time.time() + WARMUP_S + streams / 500  # room to open every stream first
+    begin = time.time() + WARMUP_S + streams / 100  # room to open every stream first
     window = [begin, begin + seconds]
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -217,6 +232,7 @@ def table(rows: list[Row], stamped: bool) -> str:
 
 async def main_async(args: argparse.Namespace) -> None:
     loads = [int(n) for n in args.streams.split(",")]
+    MAX_TOKENS[0] = args.max_tokens
     if args.url:
         rows = await bench(args.url, args.model, loads, args.seconds, args.rounds, args.naive)
         print(table(rows, stamped=False))
@@ -237,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--url", help="a real engine instead of the simulator")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--naive", action="store_true", help="also the naive pass-through")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS[0])
     asyncio.run(main_async(parser.parse_args(argv)))
     return 0
 
