@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import resource
 import time
 import uuid
 from bisect import bisect_left
@@ -75,6 +76,7 @@ class Guard:
     # -- life -----------------------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> None:
+        raise_open_files_limit()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s)
         connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
@@ -288,3 +290,16 @@ class Guard:
         if request.transport is not None:
             request.transport.close()
         return ex.response
+
+
+OPEN_FILES_WANTED = 65536
+"""Two sockets per stream (client and engine): the usual soft limit of 1024 would cap the guard
+near 500 streams, and a refused accept() leaves a client waiting."""
+
+
+def raise_open_files_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES_WANTED if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_WANTED)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        log.info("guard: open files limit raised from %d to %d", soft, wanted)
