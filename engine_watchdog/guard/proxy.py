@@ -284,8 +284,12 @@ class Guard:
     def _upstream_failed(
         self, request: web.Request, ex: Exchange, exc: aiohttp.ClientError
     ) -> web.StreamResponse:
+        if ex.response is None and isinstance(exc, aiohttp.ClientConnectorError):
+            # Nothing listens (a restart, a crash): what the 503 gate answers, at once.
+            message = "engine-watchdog: the engine is not listening; retry later or elsewhere"
+            return json_error(message, retry_after=self.settings.retry_after_s)
         if ex.response is None:
-            return json_error(f"engine unreachable: {exc}", 502, "BadGatewayError")
+            return json_error(f"engine-watchdog: the engine failed: {exc}", 502, "BadGatewayError")
         ex.response.force_close()  # cut, as the engine cut it: no clean end is made up
         if request.transport is not None:
             request.transport.close()

@@ -95,8 +95,8 @@ class Supervisor:
         self._target, self._verdicts = target, verdicts
         self._changed.set()
         stalled = [v for v in verdicts.values() if v.state is State.STALLED]
-        if not stalled:
-            self._answered = False
+        if self._recovered():
+            self._answered = False  # the incident's clients were answered; new ones pass
         self._gate()
         if stalled and self.policy.actions and (self.incident is None or self.incident.done()):
             self.incident = asyncio.create_task(self._incident(stalled[0]), name="incident")
@@ -258,10 +258,13 @@ class Supervisor:
 
 
 def refusal(verdicts: Iterable[Verdict], answered: bool) -> str | None:
-    """Why new requests are refused now (the Retry-After answer's message), or None."""
+    """Why new requests are refused now (the Retry-After answer's message), or None.
+    ``answered``: the answer rung ran for an incident the engine has not recovered from."""
     for v in verdicts:
         if v.state is State.STALLED and answered:
             return f"engine-watchdog: the engine is stalled ({v.cause}); retry later or elsewhere"
+        if v.state is State.UNREACHABLE and answered:
+            return "engine-watchdog: the engine is being recovered; retry later or elsewhere"
         if v.state is State.STARTING and v.cause == Cause.RESTARTING:
             return "engine-watchdog: the engine is restarting; retry later or elsewhere"
         if v.state in (State.STARTING, State.UNREACHABLE) and v.cause == "connection-refused":
