@@ -117,7 +117,9 @@ async def serve(settings: SimSettings) -> int:
     )
     await runner.setup()
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        # uvicorn's default backlog, which vLLM's API server runs with (aiohttp's is 128: a
+        # burst of a thousand connections would wait out SYN retries).
+        await web.TCPSite(runner, settings.host, settings.port, backlog=2048).start()
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc)
         await group.stop()
