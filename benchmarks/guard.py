@@ -3,6 +3,7 @@ side by side in one run (phases alternate direct, guard, direct, guard at each l
 
     .venv/bin/python -m benchmarks.guard [--streams 64,256,1024] [--rate 25] [--seconds 10]
     .venv/bin/python -m benchmarks.guard --url http://127.0.0.1:8000 --model tiny --streams 16,64
+    .venv/bin/python -m benchmarks.guard --vllm --streams 16,64 --naive   # starts the CPU vLLM
 
 Against the simulator (the default) every chunk carries the Unix time the simulator wrote it
 (``sim --stamp-events``), so a client's latency per event is its arrival minus that; the
@@ -22,9 +23,11 @@ import os
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import psutil
@@ -235,6 +238,9 @@ async def main_async(args: argparse.Namespace) -> None:
     raise_open_files_limit()  # 1,024 streams: more sockets than the usual soft limit
     loads = [int(n) for n in args.streams.split(",")]
     MAX_TOKENS[0] = args.max_tokens
+    if args.vllm:
+        await asyncio.to_thread(bench_vllm, args, loads)
+        return
     if args.url:
         rows = await bench(args.url, args.model, loads, args.seconds, args.rounds, args.naive)
         print(table(rows, stamped=False))
@@ -247,6 +253,20 @@ async def main_async(args: argparse.Namespace) -> None:
     print(table(rows, stamped=True))
 
 
+def bench_vllm(args: argparse.Namespace, loads: list[int]) -> None:
+    """The real vLLM of the e2e tests (CPU, tiny model), started and stopped here."""
+    from tests.tools.vllm_env import ensure_vllm_env
+    from tests.tools.vllm_server import start_server, stop_server
+
+    MAX_TOKENS[0] = min(MAX_TOKENS[0], 1500)  # --max-model-len 2048
+    server = start_server(ensure_vllm_env(), Path(tempfile.mkdtemp()) / "vllm.log")
+    try:
+        run = bench(server.base_url, "tiny", loads, args.seconds, args.rounds, args.naive)
+        print(table(asyncio.run(run), stamped=False))
+    finally:
+        stop_server(server)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The guard's cost per event, side by side.")
     parser.add_argument("--streams", default="64,256,1024")
@@ -257,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--naive", action="store_true", help="also the naive pass-through")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS[0])
+    parser.add_argument("--vllm", action="store_true", help="start the e2e tests' CPU vLLM")
     asyncio.run(main_async(parser.parse_args(argv)))
     return 0
 
