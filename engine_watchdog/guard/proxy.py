@@ -196,11 +196,11 @@ class Guard:
                     raise  # the client went away (or the guard stops)
                 outcome = ex.ending.value
                 return await self._answer(request, ex)
+            except ConnectionResetError:  # writing to a client that left (aiohttp's own too)
+                return ex.response or web.Response(status=499)
             except aiohttp.ClientError as exc:
                 outcome = "upstream-error"
                 return self._upstream_failed(request, ex, exc)
-            except ConnectionResetError:
-                return ex.response or web.Response(status=499)
         finally:
             del self.open[key]
             if ex.pump is not None and not ex.pump.done():
