@@ -156,3 +156,18 @@ def test_the_wire_alone_never_calls_a_busy_engine_stalled_early() -> None:
     _, seen = run(freeze_at(20.0, 45, "running", 0.9), startup_grace_seconds=0)
     stalls = [t for t, s, _ in seen if s == "stalled"]
     assert not stalls or stalls[0] - 20.0 >= 10.0, seen
+
+
+def test_events_on_the_wire_are_progress_without_the_metrics_or_a_canary() -> None:
+    """Frozen counters (a stats logger that stopped, say) with work present would be a stall
+    after --stall-seconds; events on the wire say the engine serves."""
+    out: list[Observation] = []
+    for t in range(60):
+        sample = EngineSample("0", 4, 0, 0.3, False, {"generation_tokens": 100.0})
+        out.append(ScrapeObs(T0 + t, (sample,), status=200))
+        out.append(procs(t + 0.1, "running", 1.0 + 0.5 * t))
+        out.append(GuardObs(T0 + t + 0.2, 4, 4, 40, 0, T0 + t + 0.15, gaps(b0_05=40)))
+    _, seen = run(out, startup_grace_seconds=0)
+    assert [s for _, s, _ in seen if s in ("stalled", "suspect")] == [], seen
+    _, without = run([o for o in out if not isinstance(o, GuardObs)], startup_grace_seconds=0)
+    assert "stalled" in [s for _, s, _ in without], without  # the same engine, no guard
