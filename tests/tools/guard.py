@@ -4,17 +4,23 @@ process, and streaming clients that keep every SSE event they got, and when."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
-from engine_watchdog.sim.launcher import free_port
+from engine_watchdog.sim.launcher import SimProcess, free_port
 from tests.tools.cli import CONSOLE_SCRIPT
+from tests.tools.watch import metric
 
 
 @dataclass
@@ -182,3 +188,94 @@ async def post_json(url: str, body: dict[str, Any], timeout: float = 10.0) -> An
         s.post(url, json=body, timeout=aiohttp.ClientTimeout(timeout)) as r,
     ):
         return await r.json()
+
+
+def normalised(events: list[bytes]) -> list[bytes]:
+    """The events with what legitimately differs between two identical requests blanked: the
+    creation second and the request id."""
+    out = []
+    for e in events:
+        e = re.sub(rb'"created":\d+', b'"created":0', e)
+        out.append(re.sub(rb'"id":"(chat)?cmpl-[^"]*"', b'"id":"-"', e))
+    return out
+
+
+async def sim_requests(sim: SimProcess) -> list[dict[str, object]]:
+    doc = await get_json(sim.url + "/sim/requests")
+    rows: list[dict[str, object]] = doc["requests"]
+    return rows
+
+
+async def get_json(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        doc: dict[str, Any] = await r.json()
+        return doc
+
+
+async def sim_metric(sim: SimProcess, name: str, **labels: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(sim.url + "/metrics") as r:
+        return metric(await r.text(), name, **labels) or 0.0
+
+
+@contextlib.asynccontextmanager
+async def sse_server() -> AsyncIterator[str]:
+    """POST /v1/completions {"events", "size", "interval"}: that many SSE events of that size."""
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        spec = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        event = b"data: " + b"x" * int(spec["size"]) + b"\n\n"
+        for _ in range(int(spec["events"])):
+            await resp.write(event)
+            await asyncio.sleep(float(spec["interval"]))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def slow_reader(url: str, body: dict[str, Any], pause_s: float) -> bytes:
+    """A raw client with a small receive buffer that reads a little, stops reading for
+    ``pause_s``, then reads to the end."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (host, int(port)))
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nX-Request-Id: slow-1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    await loop.sock_sendall(sock, head.encode() + payload)
+    data = await loop.sock_recv(sock, 1024)
+    await asyncio.sleep(pause_s)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # now read it all, quickly
+    async with asyncio.timeout(60):
+        while chunk := await loop.sock_recv(sock, 65536):
+            data += chunk
+    sock.close()
+    return data
+
+
+@contextlib.asynccontextmanager
+async def watched(
+    sim: SimProcess, *args: str, command: str = "guard", tail: tuple[str, ...] = ()
+) -> AsyncIterator[GuardProcess]:
+    guard = await start_guard(command, sim.url, *args, tail=tail)
+    try:
+        yield guard
+    finally:
+        await stop_guard(guard)
