@@ -31,10 +31,12 @@ from engine_watchdog.runtime.trace import decode
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 PROJECT_S = 900.0
 """How far past the fault a hung trace is projected for the slow peers."""
-OURS = ("ours", "ours --no-canary")
+OURS = ("ours", "ours --no-canary", "ours, no guard")
+"""With the trace's canaries; without them; without the guard's records (what the same run
+would have given without the guard, on the scenarios recorded through one)."""
 COLUMNS = (*OURS, *PEERS)
 IN_PROCESS = "forward-300s"
-KINDS = {"scrape": "m", "health": "h", "procs": "p", "canary": "c", "gpu": "g"}
+KINDS = {"scrape": "m", "health": "h", "procs": "p", "canary": "c", "gpu": "g", "guard": "w"}
 
 
 @dataclass(frozen=True)
@@ -70,11 +72,15 @@ def records(path: Path) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: float(r["t"]))
 
 
-def observations(recs: Sequence[dict[str, Any]], canary: bool) -> list[Observation]:
+def observations(
+    recs: Sequence[dict[str, Any]], canary: bool, guard: bool = True
+) -> list[Observation]:
     """The observations in time order, as the watcher fed them live."""
     out = []
     for rec in recs:
-        if rec.get("kind") == "canary" and not canary:
+        if (rec.get("kind") == "canary" and not canary) or (
+            rec.get("kind") == "guard" and not guard
+        ):
             continue
         obs = decode(rec, VLLM)
         if isinstance(obs, CanaryObs) and rec.get("sent_t") is not None:
@@ -84,9 +90,9 @@ def observations(recs: Sequence[dict[str, Any]], canary: bool) -> list[Observati
     return out
 
 
-def ours(recs: Sequence[dict[str, Any]], canary: bool) -> Result:
+def ours(recs: Sequence[dict[str, Any]], canary: bool, guard: bool = True) -> Result:
     detector = Detector(DetectorSettings())
-    for obs in observations(recs, canary):
+    for obs in observations(recs, canary, guard):
         for change in detector.feed(obs):
             if change.new.state is State.STALLED:
                 return Result(change.new.t, change.new.cause)
@@ -101,6 +107,7 @@ def run_scenario(name: str) -> Row:
     row = Row(name, expect, "".join(v for k, v in KINDS.items() if k in kinds))
     row.results["ours"] = ours(recs, canary=True)
     row.results["ours --no-canary"] = ours(recs, canary=False)
+    row.results["ours, no guard"] = ours(recs, canary=True, guard=False)
     end = hang_end(recs, expect["fault_t"]) if row.fault else None
     tl = timeline(path.read_text(encoding="utf-8").splitlines(), VLLM, before=end)
     until = expect["fault_t"] + PROJECT_S if row.fault else tl.end_t

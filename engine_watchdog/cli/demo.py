@@ -1,8 +1,10 @@
 """``engine-watchdog demo``: the whole story on the embedded simulator, in about a minute.
 
-A simulated vLLM under streaming load; the seed's hang (the last requests stop producing tokens,
-/health stays 200); the watchdog's verdict; the incident bundle; the abort (clients answered);
-the restart; the engine serving again. Everything it starts, it stops; it ends by itself.
+A simulated vLLM under streaming load, every client through the guard; one request stuck while
+the others go on (the guard ends it, and only it); the seed's hang (the last requests stop
+producing tokens, /health stays 200); the watchdog's verdict; the guard answering every client
+at once; the incident bundle; the restart; the engine serving again. Everything it starts, it
+stops; it ends by itself.
 
 With ``--gpu`` (a machine with PyTorch and a CUDA GPU) the simulated engine computes on the GPU
 and hangs as a rank stuck in a collective does: spinning in a GPU kernel. The watchdog reads it
@@ -12,6 +14,7 @@ through NVML, and the restart takes a CUDA core dump of the engine first.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 import time
@@ -29,6 +32,7 @@ from engine_watchdog.core.model import Action, Outcome, Result, State, Transitio
 from engine_watchdog.core.settings import (
     CaptureSettings,
     DetectorSettings,
+    GuardSettings,
     PolicySettings,
     ProbeSettings,
     WatchSettings,
@@ -106,7 +110,11 @@ CORE_DUMP_ENV = (
 
 
 def demo_settings(
-    url: str, detector: DetectorSettings, capture: CaptureSettings, gpu: bool = False
+    url: str,
+    detector: DetectorSettings,
+    capture: CaptureSettings,
+    gpu: bool = False,
+    guard: str | None = None,
 ) -> WatchSettings:
     return validate(
         WatchSettings(
@@ -115,10 +123,11 @@ def demo_settings(
             detector=detector,
             listen=None,
             policy=PolicySettings(
-                actions=frozenset({Action.CAPTURE, Action.ABORT, Action.RESTART}),
+                actions=frozenset({Action.ANSWER, Action.CAPTURE, Action.ABORT, Action.RESTART}),
                 abort_grace_s=5.0,
             ),
             capture=capture,
+            guard=GuardSettings(listen=guard),
         )
     )
 
@@ -145,6 +154,26 @@ async def post(url: str, body: dict[str, object], timeout_s: float = 10.0) -> in
         async with session.post(url, json=body, timeout=timeout) as resp:
             await resp.read()
             return resp.status
+
+
+async def stuck_client(story: Story, url: str, guard: str) -> None:
+    """One request the engine stops serving while it serves the others: the guard ends it."""
+    await post(url + "/sim/fault", {"fault": "stuck-request"})
+    story.mark("stuck", "fault: the engine stops scheduling one request (X-Request-Id stuck-demo)")
+    body = {"model": MODEL, "prompt": "stuck", "max_tokens": 500, "stream": True}
+    error = None
+    async with aiohttp.ClientSession() as session:
+        timeout = aiohttp.ClientTimeout(total=60)
+        headers = {"X-Request-Id": "stuck-demo"}
+        async with session.post(
+            guard + "/v1/completions", json=body, headers=headers, timeout=timeout
+        ) as r:
+            async for line in r.content:
+                if line.startswith(b'data: {"error"'):
+                    error = json.loads(line[len(b"data: ") :])["error"]["message"]
+    await post(url + "/sim/fault", {"fault": "none"})
+    took = story.now() - story.marks["stuck"]
+    story.mark("stuck-answered", f"client stuck-demo: answered after {took:.1f} s: {error}")
 
 
 async def inject_hang(story: Story, url: str, load: StreamingLoad, gpu: bool) -> None:
@@ -184,14 +213,16 @@ async def run_demo(detector: DetectorSettings, capture: CaptureSettings, gpu: bo
     story = Story()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    guard = f"127.0.0.1:{free_port()}"
     command = engine_command(port, gpu)
     # The story prints every action itself (below); the supervisor's own log lines would say
     # the same again.
     logging.getLogger("engine_watchdog.actions").setLevel(logging.ERROR)
     stop = asyncio.Event()
-    settings = demo_settings(url, detector, capture, gpu)
+    settings = demo_settings(url, detector, capture, gpu, guard)
     stall_seconds = settings.detector.stall_seconds
     story.say(f"starting a simulated vLLM on {url} under engine-watchdog run (supervise mode)")
+    story.say(f"clients connect to the guard in front of it, http://{guard}")
     teller = StoryReporter(story)
     watchdog = asyncio.create_task(
         run_watch(
@@ -204,14 +235,18 @@ async def run_demo(detector: DetectorSettings, capture: CaptureSettings, gpu: bo
             action_listeners=[teller.on_action],
         )
     )
-    load = StreamingLoad(url, clients=6, max_tokens=80, model=MODEL, request_timeout_s=120)
+    load = StreamingLoad(
+        f"http://{guard}", clients=6, max_tokens=80, model=MODEL, request_timeout_s=120
+    )
     ok = False
     try:
-        await wait_healthy(url, 30)
+        await wait_healthy(f"http://{guard}", 30)
         load.start()
+        await load.wait_for(chunks=50, in_flight=4, timeout=30)
+        await stuck_client(story, url, f"http://{guard}")
         await inject_hang(story, url, load, gpu)
         await asyncio.wait_for(story.recovered.wait(), stall_seconds + 90)
-        ok = await serving_again(story, url)
+        ok = await serving_again(story, f"http://{guard}")
     finally:
         outcome = await load.stop(drain_s=10.0)
         stop.set()
@@ -233,15 +268,19 @@ def report(story: Story, outcome: object, incident_dir: Path, ok: bool) -> int:
     bundles = sorted(p for p in incident_dir.glob("*") if p.is_dir() and not p.name.startswith("."))
     if bundles:
         click.echo(f"incident bundle: {bundles[-1]}  (summary.md, manifest.json, stacks/)")
+    if "stuck-answered" in m:
+        click.echo(
+            f"stuck request: answered {m['stuck-answered'] - m['stuck']:.1f} s after the fault"
+        )
     click.echo(f"clients: {outcome}")
     hanging = getattr(outcome, "hanging", 1)
-    passed = ok and hanging == 0 and story.stall is not None
+    passed = ok and hanging == 0 and story.stall is not None and "stuck-answered" in m
     click.echo("demo: OK" if passed else "demo: FAILED")
     return 0 if passed else 1
 
 
 @click.command()
-@DETECTOR.options(startup_grace=0.0)
+@DETECTOR.options(startup_grace=0.0, request_stall_seconds=5.0)
 @CAPTURE.options(incident_dir=Path("incidents/demo"))
 @click.option(
     "--gpu",

@@ -23,6 +23,7 @@ from engine_watchdog.cli.options import (
     CAPTURE,
     DETECTOR,
     ENGINE,
+    GUARD,
     JSON,
     LISTEN,
     POLICY,
@@ -60,10 +61,11 @@ def cli(verbose: bool) -> None:
 @LISTEN
 @JSON
 @RECORD
-@POLICY.options(action=("capture",))
+@POLICY.options(action=("answer,capture",))
 @RECOVERY
 @CAPTURE
 @REPORT
+@GUARD
 def watch(**kw: Any) -> None:
     """Watch engines; print every state transition; act on stalls (--action).
 
@@ -76,6 +78,8 @@ def watch(**kw: Any) -> None:
     base = watch_settings(kw)
     if base.record and len(urls) > 1:
         raise SettingsError("--record takes one engine; record each engine separately")
+    if base.guard.listen and len(urls) > 1:
+        raise SettingsError("--guard-listen takes one engine; run one guard per engine")
     sys.exit(asyncio.run(run_watch(for_each(base, urls))))
 
 
@@ -86,10 +90,12 @@ def watch(**kw: Any) -> None:
 @DETECTOR
 @LISTEN
 @JSON
-@POLICY.options(action=("capture,abort,restart",))
+@RECORD
+@POLICY.options(action=("answer,capture,abort,restart",))
 @RECOVERY
 @CAPTURE
 @REPORT
+@GUARD
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(url: str, command: tuple[str, ...], **kw: Any) -> None:
     """Start the engine (the COMMAND after --), watch it, and restart it when it hangs.
@@ -100,6 +106,35 @@ def run(url: str, command: tuple[str, ...], **kw: Any) -> None:
 
     settings = validate(watch_settings(kw, url))
     sys.exit(asyncio.run(run_watch(settings, command=list(command))))
+
+
+@cli.command()
+@click.argument("url", envvar="ENGINE_WATCHDOG_URL")
+@ENGINE
+@PROBE
+@DETECTOR
+@LISTEN
+@JSON
+@RECORD
+@POLICY.options(action=("answer,capture",))
+@RECOVERY
+@CAPTURE
+@REPORT
+@GUARD.options(listen="127.0.0.1:8001")
+def guard(url: str, **kw: Any) -> None:
+    """Put the guard in front of an engine: clients connect to --guard-listen, every request
+    passes through to URL; stuck streams are aborted and, when the engine stalls, every client
+    is answered at once and new requests get 503 until it is back (docs/guard.md).
+
+    Its own detector watches the engine (as ``watch`` does), with the guard's view of every
+    stream as one more probe.
+    """
+    from engine_watchdog.runtime.runner import run_watch
+
+    settings = validate(watch_settings(kw, url))
+    if not settings.guard.listen:
+        raise SettingsError("guard needs --guard-listen host:port")
+    sys.exit(asyncio.run(run_watch(settings)))
 
 
 @cli.command()

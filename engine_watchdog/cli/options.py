@@ -17,8 +17,10 @@ import click
 
 from engine_watchdog.cli.option_group import One, Opt, OptionGroup, all_consumed
 from engine_watchdog.core.settings import (
+    REQUEST_ACTIONS,
     CaptureSettings,
     DetectorSettings,
+    GuardSettings,
     PolicySettings,
     ProbeSettings,
     RecoverySettings,
@@ -109,6 +111,19 @@ DETECTOR = OptionGroup(
         "Send a canary this often while the engine looks idle.",
         float,
     ),
+    Opt(
+        "--wire-stall-seconds",
+        "wire_stall_seconds",
+        "With the guard: no event on the wire this long, streams open, the engine idle or "
+        "stopped: stalled.",
+        float,
+    ),
+    Opt(
+        "--request-stall-seconds",
+        "request_stall_seconds",
+        "With the guard: one stream silent this long (at least) while the others move: stuck.",
+        float,
+    ),
 )
 POLICY = OptionGroup(
     PolicySettings,
@@ -135,6 +150,35 @@ POLICY = OptionGroup(
         "rate_limit.backoff_s",
         "Wait this, doubling per restart in the window, between restarts.",
         float,
+    ),
+)
+GUARD = OptionGroup(
+    GuardSettings,
+    Opt(
+        "--guard-listen",
+        "listen",
+        "host:port of the guard, the streaming proxy in front of the engine (clients connect "
+        "there); unset: no guard.",
+        str,
+        convert=lambda text: text or None,
+    ),
+    Opt(
+        "--request-action",
+        "request_action",
+        "A stuck request: abort it (its client gets an error) or only report it.",
+        click.Choice(REQUEST_ACTIONS),
+    ),
+    Opt(
+        "--guard-max-body-bytes",
+        "max_body_bytes",
+        "Refuse (413) request bodies larger than this.",
+        int,
+    ),
+    Opt(
+        "--guard-retry-after",
+        "retry_after_s",
+        "Retry-After (seconds) of the guard's 503 answers.",
+        int,
     ),
 )
 RECOVERY = OptionGroup(
@@ -238,6 +282,7 @@ def watch_settings(kw: dict[str, Any], url: str = "") -> WatchSettings:
         capture=CAPTURE.take(kw),
         recovery=RECOVERY.take(kw),
         report=REPORT.take(kw),
+        guard=GUARD.take(kw),
     )
     for one, name in ((LISTEN, "listen"), (JSON, "as_json"), (RECORD, "record")):
         if one.opt.dest in kw:

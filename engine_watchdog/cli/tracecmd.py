@@ -99,12 +99,14 @@ def replay(trace: Path, engine: str | None, **kw: Any) -> None:
         raise CliError(f"{trace}: cannot read it ({exc.strerror})", EXIT_NOINPUT) from None
     if not judged.records:
         raise CliError(_unusable(trace, counted[0]), EXIT_DATAERR)
-    changes = judged.changes
+    changes, stuck = judged.changes, judged.stuck
     if as_json:
-        click.echo(json.dumps(replay_document(changes)))
+        click.echo(json.dumps(replay_document(changes, stuck)))
     else:
         for change in changes:
             click.echo(transition_line(change, str(trace)))
+        for s in stuck:
+            click.echo(f"{s.t:.3f} request {s.request_id} stuck: {s.evidence}")
     stalled = replay_document(changes)["first_stall_t"] is not None
     sys.exit(1 if stalled else 0)
 

@@ -9,24 +9,28 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine_watchdog.core.judging import RestartWindow, Track, busy_state
+from engine_watchdog.core.judging import RestartWindow, Track, busy_state, judge_canary
 from engine_watchdog.core.judging import movement as _movement
 from engine_watchdog.core.model import (
     CanaryObs,
     Cause,
     EngineSample,
     GpuObs,
+    GuardObs,
     HealthObs,
     Observation,
     ProcsObs,
     RestartObs,
     ScrapeObs,
     State,
+    StuckRequest,
     Transition,
     Verdict,
 )
+from engine_watchdog.core.requests import RequestJudge
 from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.core.signals import Signals
+from engine_watchdog.core.wire import Wire
 
 __all__ = ["TARGET", "Detector", "DetectorSettings"]
 
@@ -50,6 +54,9 @@ class Detector:
         self._health_timeout_since: float | None = None
         self._dead: str | None = None
         self._restart = RestartWindow()
+        self.wire = Wire()
+        self.requests = RequestJudge(self.settings.request_stall_seconds)
+        self._stuck: list[StuckRequest] = []
 
     @property
     def verdicts(self) -> dict[str, Verdict]:
@@ -62,7 +69,10 @@ class Detector:
             return []  # out of order: time must not run backwards inside a verdict
         self._last_t = obs.t
         if isinstance(obs, ScrapeObs):
+            self.requests.on_scrape(obs)
             return self._on_scrape_error(obs) if obs.error else self._on_scrape(obs)
+        if isinstance(obs, GuardObs):
+            return self._on_guard(obs)
         if isinstance(obs, HealthObs):
             return self._on_health(obs)
         if isinstance(obs, RestartObs):
@@ -72,6 +82,11 @@ class Detector:
         if isinstance(obs, ProcsObs | GpuObs | CanaryObs):
             self.signals.add(obs)
         return self._reevaluate(obs.t)
+
+    def take_stuck(self) -> list[StuckRequest]:
+        """The requests found stuck since the last call (core/requests.py)."""
+        found, self._stuck = self._stuck, []
+        return found
 
     def canary_due(self, t: float) -> str | None:
         """Why a canary request would help now ("flat" or "idle"), or None."""
@@ -217,23 +232,22 @@ class Detector:
         ]
 
     def _on_canary(self, obs: CanaryObs) -> None:
+        judge_canary(obs, [k for k in self._tracks.values() if k.last is not None])
+
+    def _on_guard(self, obs: GuardObs) -> list[Transition]:
+        """Events on the wire are progress; one rank's, when there is one (with several, a
+        stream does not say which rank served it)."""
+        moved = self.wire.add(obs)
+        self.requests.floor_s = self.settings.request_stall_seconds
+        self._stuck += self.requests.judge(obs)
         tracks = [k for k in self._tracks.values() if k.last is not None]
-        if obs.ok and len(tracks) == 1 and tracks[0].quiet_since is not None:
-            # Proof of life. With several ranks the canary's own token shows which one lived.
-            tracks[0].quiet_since = obs.t
-            tracks[0].note = f"canary completed in {obs.latency_s or 0:.1f} s"
-        for k in tracks:
-            if obs.ok:
-                k.wedged = False
-            elif (
-                obs.is_evidence
-                and k.verdict.state is State.IDLE
-                # Sent after the engine went idle and after its last progress: otherwise the
-                # engine has shown life since, and the canary's failure is old news.
-                and obs.sent >= max(k.verdict.since or 0.0, k.last_progress_t or 0.0)
-            ):
-                k.wedged = True
-                k.note = f"canary failed ({obs.error}) while the engine looked idle"
+        if moved and len(tracks) == 1 and not self._restarting(obs.t):
+            track, last = tracks[0], self.wire.last_event_t or obs.t
+            track.last_progress_t = max(track.last_progress_t or last, last)
+            if track.quiet_since is not None:
+                track.quiet_since = max(track.quiet_since, last)
+            track.wedged = False
+        return self._reevaluate(obs.t)
 
     # -- judgement -------------------------------------------------------------------------
 
@@ -266,8 +280,14 @@ class Detector:
             track.quiet_since = t  # "the GPU computes" is a sign of life (long prefill)
         flat = t - track.quiet_since
         assert self._first_good_t is not None
+        ranks = sum(1 for k in self._tracks.values() if k.last is not None)
         state, cause, note = busy_state(
-            self.settings, self.signals, s, (track.quiet_since, t), self._first_good_t
+            self.settings,
+            self.signals,
+            s,
+            (track.quiet_since, t),
+            self._first_good_t,
+            self.wire if ranks == 1 else None,
         )
         return self._set(track, t, state, cause, flat, note)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine_watchdog.core.model import Cause, EngineSample, ScrapeObs, State, Verdict
+from engine_watchdog.core.model import CanaryObs, Cause, EngineSample, ScrapeObs, State, Verdict
 from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.core.signals import Signals
+from engine_watchdog.core.wire import Wire, wire_stall
 
 
 def movement(prev: EngineSample | None, cur: EngineSample) -> tuple[bool, bool]:
@@ -51,12 +52,17 @@ def busy_state(
     s: EngineSample,
     quiet: tuple[float, float],
     first_good_t: float,
+    wire: Wire | None = None,
 ) -> tuple[State, Cause | None, str | None]:
-    """(state, cause, note) of a rank with work and no progress over ``quiet`` (since, now)."""
+    """(state, cause, note) of a rank with work and no progress over ``quiet`` (since, now);
+    ``wire``: the guard's memory, where its streams are this rank's."""
     since, t = quiet
     flat = t - since
     graced = t - first_good_t >= cfg.startup_grace_seconds
     strong = signals.strong(since, t) if flat >= cfg.fast_stall_seconds else None
+    silent = wire_stall(wire, signals, since, t, cfg.wire_stall_seconds) if wire else None
+    if graced and silent is not None and not (flat >= cfg.stall_seconds or strong):
+        return State.STALLED, silent.cause, silent.evidence
     if graced and (flat >= cfg.stall_seconds or strong):
         finding = signals.cause(since, t)
         note = finding.evidence if finding else None
@@ -91,3 +97,23 @@ class RestartWindow:
             return True
         pairs = ((tracks.get(s.engine), s) for s in obs.engines)
         return any(k is not None and movement(k.last, s)[1] for k, s in pairs)
+
+
+def judge_canary(obs: CanaryObs, tracks: list[Track]) -> None:
+    """What a canary's answer says of the ranks seen so far."""
+    if obs.ok and len(tracks) == 1 and tracks[0].quiet_since is not None:
+        # Proof of life. With several ranks the canary's own token shows which one lived.
+        tracks[0].quiet_since = obs.t
+        tracks[0].note = f"canary completed in {obs.latency_s or 0:.1f} s"
+    for k in tracks:
+        if obs.ok:
+            k.wedged = False
+        elif (
+            obs.is_evidence
+            and k.verdict.state is State.IDLE
+            # Sent after the engine went idle and after its last progress: otherwise the
+            # engine has shown life since, and the canary's failure is old news.
+            and obs.sent >= max(k.verdict.since or 0.0, k.last_progress_t or 0.0)
+        ):
+            k.wedged = True
+            k.note = f"canary failed ({obs.error}) while the engine looked idle"

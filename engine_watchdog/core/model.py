@@ -69,6 +69,9 @@ STALL_CAUSES: tuple[Cause, ...] = tuple(c for c in Cause if c is not Cause.RESTA
 class Action(Word):
     """Rungs of the escalation ladder, in the order they run."""
 
+    ANSWER = "answer"
+    """The guard answers every client in flight with an error and refuses new requests (503)
+    until the engine is back: clients never wait for the rest of the ladder."""
     CAPTURE = "capture"
     ABORT = "abort"
     RESTART = "restart"
@@ -201,7 +204,44 @@ class RestartObs:
     answers next is it. Otherwise the ended engine's API server may still answer a while."""
 
 
-Observation = ScrapeObs | HealthObs | ProcsObs | GpuObs | CanaryObs | RestartObs
+@dataclass(frozen=True)
+class QuietStream:
+    """A stream through the guard that has been quiet a while (guard/, docs/guard.md): the
+    times are when it started, got its first and its last SSE event, and since when the guard
+    has been waiting on the engine for more (None while it waits on the client instead)."""
+
+    request_id: str
+    started_t: float
+    first_event_t: float | None
+    last_event_t: float | None
+    events: int
+    waiting_since: float | None
+    """When the guard last asked the engine for more of this stream; None: the guard is blocked
+    writing to the client (a slow reader holds its own stream back)."""
+
+
+@dataclass(frozen=True)
+class GuardObs:
+    """What the guard saw on the wire since its previous observation: requests in flight,
+    events passed, the inter-event gaps (counts per GAP_BOUNDS bucket, core/wire.py), and the
+    streams quiet for a second or more."""
+
+    t: float
+    open: int
+    """Requests in flight through the guard (streaming or not)."""
+    decoding: int
+    """Of which SSE streams that have had at least one event."""
+    events: int = 0
+    finished: int = 0
+    """Requests the engine completed since the previous observation (not those the guard
+    ended, refused, or whose client left)."""
+    last_event_t: float | None = None
+    """The newest event on any stream."""
+    gaps: tuple[int, ...] = ()
+    quiet: tuple[QuietStream, ...] = ()
+
+
+Observation = ScrapeObs | HealthObs | ProcsObs | GpuObs | CanaryObs | RestartObs | GuardObs
 
 
 @dataclass(frozen=True)
@@ -227,6 +267,20 @@ class Transition:
 
     old: State | None
     new: Verdict
+
+
+@dataclass(frozen=True)
+class StuckRequest:
+    """The request judge's finding (core/requests.py): one stream silent far beyond what the
+    engine does for the others."""
+
+    t: float
+    request_id: str
+    silent_s: float
+    threshold_s: float
+    evidence: str
+    burst: bool = False
+    """This one makes several stuck requests within a window: an engine-level incident."""
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,13 @@ class DetectorSettings:
     metrics_from_engine_loop: bool = False
     """The engine's /metrics is answered by its engine loop (llama.cpp's server): /metrics timing
     out for the stall window is then a stall, not an unreachable server."""
+    wire_stall_seconds: float = 5.0
+    """With the guard: streams open and not one event on the wire this long (or ten times the
+    live 99th-percentile gap between events, if longer), the metrics flat and the engine's
+    processes idle or stopped: stalled (docs/guard.md)."""
+    request_stall_seconds: float = 20.0
+    """With the guard: the floor of the silence after which one stream is stuck while the
+    others move (the threshold is ten times the live 99th-percentile gap, if longer)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,25 @@ class ReportSettings:
     """Alertmanager base URL: push EngineStalled alerts there (API v2), resolve on recovery."""
 
 
+REQUEST_ACTIONS = ("abort", "report")
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    listen: str | None = None
+    """host:port of the guard, the streaming proxy in front of the engine; None: no guard."""
+    request_action: str = "abort"
+    """What to do with a stuck request: abort (end it on both sides, the client gets an error)
+    or report (log and count it only). --dry-run makes abort report."""
+    max_body_bytes: int = 32 * 1024 * 1024
+    """Request bodies larger than this are refused (413) without reaching the engine."""
+    retry_after_s: int = 5
+    """The Retry-After of the 503 answers while the engine is stalled, restarting or down."""
+    connect_timeout_s: float = 10.0
+    """Bound on connecting to the engine (nothing else of a request is bounded by time: the
+    detector and the request judge decide when a silence is too long)."""
+
+
 @dataclass(frozen=True)
 class WatchSettings:
     url: str
@@ -160,6 +186,8 @@ class WatchSettings:
     """How the engine is restarted."""
     report: ReportSettings = field(default_factory=ReportSettings)
     """Where stalls and actions are announced beyond the watchdog's own metrics."""
+    guard: GuardSettings = field(default_factory=GuardSettings)
+    """The guard in front of the engine (off unless it has a listen address)."""
     listen: str | None = "127.0.0.1:9400"
     """host:port for the watchdog's own /metrics, /livez, /readyz, /status; None: no server."""
     as_json: bool = False
@@ -222,6 +250,9 @@ def validate(settings: WatchSettings) -> WatchSettings:
         raise SettingsError("--canary-timeout must be > 0 seconds")
     if settings.listen is not None:
         parse_listen(settings.listen)
+    validate_guard(settings.guard)
+    if d.request_stall_seconds <= 0 or d.wire_stall_seconds <= 0:
+        raise SettingsError("--request-stall-seconds and --wire-stall-seconds must be > 0")
     return replace(settings, detector=fold_thresholds(d))
 
 
@@ -232,3 +263,16 @@ def fold_thresholds(d: DetectorSettings) -> DetectorSettings:
         suspect_seconds=min(d.suspect_seconds, d.stall_seconds),
         fast_stall_seconds=min(d.fast_stall_seconds, d.stall_seconds),
     )
+
+
+def validate_guard(g: GuardSettings) -> None:
+    if g.listen is not None:
+        parse_listen(g.listen, "--guard-listen")
+    if g.request_action not in REQUEST_ACTIONS:
+        raise SettingsError(
+            f"--request-action {g.request_action!r}: choose from {', '.join(REQUEST_ACTIONS)}"
+        )
+    if g.max_body_bytes < 1:
+        raise SettingsError("--guard-max-body-bytes must be at least 1")
+    if g.retry_after_s < 0:
+        raise SettingsError("--guard-retry-after must be >= 0 seconds")

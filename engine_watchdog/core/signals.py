@@ -86,6 +86,20 @@ class Signals:
         hard = self._stopped(since) or self._gpu_spin(since)
         return hard or self._cpu(since, t) or self._canary_failed(since)
 
+    def host_quiet(self, since: float) -> Finding | None:
+        """The engine's processes, sampled since ``since``, stopped; or idle (and none in disk
+        wait) with no GPU computing. None when they say otherwise, or say nothing."""
+        hard = self._stopped(since) or self._gpu_spin(since)
+        if hard is not None:
+            return hard
+        window = [p for p in self.procs if p.t >= since]
+        if any(p.state == "disk-wait" for w in window for p in _engine_procs(w)):
+            return None
+        rate = self._max_cpu_rate(since)
+        if rate is None or rate > CPU_IDLE_CORES or self.gpu_computing():
+            return None
+        return Finding(Cause.HOST_DEADLOCK, f"engine CPU {rate:.2f} cores and GPU idle")
+
     def _busy_elsewhere(self, since: float) -> bool:
         rate = self._max_cpu_rate(since)
         return (rate is not None and rate > CPU_IDLE_CORES) or self.gpu_computing()

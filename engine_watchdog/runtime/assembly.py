@@ -16,7 +16,9 @@ import aiohttp
 
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.core.model import Action, Outcome, Transition, Verdict
-from engine_watchdog.core.settings import SettingsError, WatchSettings
+from engine_watchdog.core.settings import SettingsError, WatchSettings, parse_listen
+from engine_watchdog.guard.proxy import Guard
+from engine_watchdog.guard.stats import GuardCollector
 from engine_watchdog.recovery.actions import EngineActions
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.supervise import ChildEngine
@@ -88,9 +90,12 @@ class Target:
     supervisor: Supervisor | None = None
     child: ChildEngine | None = None
     writer: TraceWriter | None = None
+    guard: Guard | None = None
     tasks: dict[str, Task] = field(default_factory=dict)
 
     async def close(self) -> None:
+        if self.guard is not None:
+            await self.guard.stop()
         self.watcher.close()
         incident = self.supervisor.incident if self.supervisor else None
         if incident is not None and not incident.done():
@@ -111,6 +116,8 @@ async def assemble(
 ) -> Target:
     watcher = Watcher(settings, session)
     target = Target(settings, watcher, [ConsoleReporter(settings.as_json, out)])
+    if settings.guard.listen:  # first: a taken port is said before anything else starts
+        target.guard = await _guard(settings, watcher, metrics)
     target.reporters.append(MetricsReporter(metrics, watcher))
     if settings.record:
         target.writer = TraceWriter(settings.record)
@@ -125,6 +132,8 @@ async def assemble(
     target.supervisor = _supervisor(settings, watcher, metrics, history, target.child)
     if target.supervisor:
         target.reporters.append(target.supervisor)
+        if target.guard is not None:
+            _guard_orders(settings, watcher, target.supervisor, target.guard)
     if settings.report.k8s_events:
         _add_events(target, settings.report.k8s_events, session)
     if settings.report.alertmanager:
@@ -136,6 +145,36 @@ async def assemble(
             target.supervisor.listeners.append(pusher.on_action)
         target.tasks[f"alertmanager:{settings.url}"] = pusher.run()
     return target
+
+
+async def _guard(settings: WatchSettings, watcher: Watcher, metrics: WatchdogMetrics) -> Guard:
+    """The guard in front of the engine, listening: the watcher's probe."""
+    assert settings.guard.listen is not None
+    guard = Guard(settings.guard, settings.url)
+    try:
+        await guard.start(*parse_listen(settings.guard.listen, "--guard-listen"))
+    except OSError as exc:
+        await guard.stop()
+        raise SettingsError(
+            f"--guard-listen {settings.guard.listen}: {exc.strerror or exc}; give a free host:port"
+        ) from None
+    watcher.wire = guard
+    metrics.registry.register(
+        GuardCollector(
+            settings.url, guard.stats, lambda: len(guard.open), lambda: bool(guard.refusal)
+        )
+    )
+    return guard
+
+
+def _guard_orders(
+    settings: WatchSettings, watcher: Watcher, supervisor: Supervisor, guard: Guard
+) -> None:
+    """The supervisor's hands: it decides, the guard carries out."""
+    supervisor.guard = guard
+    supervisor.request_action = settings.guard.request_action
+    supervisor.note = watcher.note
+    watcher.stuck_listeners.append(supervisor.on_stuck)
 
 
 def _add_events(target: Target, where: str, session: aiohttp.ClientSession) -> None:
@@ -164,7 +203,7 @@ def _supervisor(
     history: ActionHistory,
     child: ChildEngine | None,
 ) -> Supervisor | None:
-    if not settings.policy.actions:
+    if not settings.policy.actions and not settings.guard.listen:
         return None
     capture = settings.capture
     if capture.engine_log is None and child is not None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_watchdog.core.detector import Detector
-from engine_watchdog.core.model import State, Transition
+from engine_watchdog.core.model import State, StuckRequest, Transition
 from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.runtime.trace import RecordedSettings, read_trace
@@ -23,6 +23,8 @@ Overrides = Callable[[DetectorSettings], DetectorSettings]
 @dataclass(frozen=True)
 class Judged:
     changes: list[Transition]
+    stuck: list[StuckRequest]
+    """Requests the request judge found stuck (traces with guard records, core/requests.py)."""
     records: int
     """Records judged (observations and settings); 0: nothing in the trace was usable."""
 
@@ -39,6 +41,7 @@ def judge(
     overrides = (lambda _: settings) if isinstance(settings, DetectorSettings) else settings
     detector = Detector(overrides(DetectorSettings()))
     changes: list[Transition] = []
+    stuck: list[StuckRequest] = []
     records = 0
     for item in read_trace(lines, profile, follow_engine):
         records += 1
@@ -46,7 +49,8 @@ def judge(
             detector.settings = overrides(item.detector)
         else:
             changes += detector.feed(item)
-    return Judged(changes, records)
+            stuck += detector.take_stuck()
+    return Judged(changes, stuck, records)
 
 
 def replay(
@@ -59,10 +63,16 @@ def replay(
     return judge(lines, profile, settings, follow_engine).changes
 
 
-def replay_document(changes: list[Transition]) -> dict[str, Any]:
+def replay_document(
+    changes: list[Transition], stuck: list[StuckRequest] | None = None
+) -> dict[str, Any]:
     """The documented ``replay --json`` shape."""
     stalls = [c.new for c in changes if c.new.state is State.STALLED]
     return {
+        "stuck_requests": [
+            {"t": s.t, "request_id": s.request_id, "silent_s": s.silent_s, "burst": s.burst}
+            for s in stuck or ()
+        ],
         "transitions": [
             {"t": c.new.t, "engine": c.new.engine, "state": c.new.state.value, "cause": c.new.cause}
             for c in changes

@@ -1,6 +1,7 @@
 """The only place that decides what to do about a verdict: the escalation ladder.
 
-capture -> abort (then --abort-grace for progress to resume) -> restart (rate-limited, with
+answer (the guard ends every request in flight with an error and refuses new ones) -> capture
+-> abort (then --abort-grace for progress to resume) -> restart (rate-limited, with
 backoff, the history on disk) -> liveness (/livez 503). Which rungs run is configuration; their
 order is fixed. Nothing acts during start-up grace, on a sleeping, paused or merely unreachable
 engine, or on any verdict but stalled; --dry-run logs every action and takes none.
@@ -11,11 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from engine_watchdog.core.model import Action, Cause, Outcome, Result, State, Transition, Verdict
+from engine_watchdog.core.model import (
+    Action,
+    Cause,
+    Outcome,
+    Result,
+    State,
+    StuckRequest,
+    Transition,
+    Verdict,
+)
 from engine_watchdog.core.settings import PolicySettings
+from engine_watchdog.guard.errors import MESSAGES, Ending
 from engine_watchdog.recovery.history import ActionHistory, ActionRecord
 
 log = logging.getLogger("engine_watchdog.actions")
@@ -34,6 +45,19 @@ class Actions(Protocol):
     def same_host(self) -> bool: ...
 
 
+class GuardControl(Protocol):
+    """What the supervisor may tell the guard (guard/proxy.py): it carries decisions out."""
+
+    def refuse(self, message: str | None) -> None: ...
+    def end(self, request_id: str, message: str) -> bool: ...
+    def end_all(self, message: str) -> int: ...
+    def count_stuck(self) -> None: ...
+
+
+ANSWER_WAIT_S = 0.5
+"""How long the answer rung waits for the hold-back checks (the engine paused on purpose)."""
+STUCK_REQUESTS = "stuck-requests"
+"""The cause of an incident made of several stuck requests (the engine serves the others)."""
 ActionListener = Callable[[str, Action, str, Outcome | None], None]
 """(target, action, phase "start"|"end", outcome) -> None: metrics, alerts."""
 
@@ -60,22 +84,77 @@ class Supervisor:
         self._verdicts: dict[str, Verdict] = {}
         self._changed = asyncio.Event()
         self._target = ""
+        self.guard: GuardControl | None = None
+        self.request_action = "abort"
+        """abort or report (GuardSettings.request_action)."""
+        self.note: Callable[[dict[str, object]], None] = lambda rec: None
+        """Puts a record into the incident timeline (the watcher's)."""
+        self._answered = False
 
     def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
         self._target, self._verdicts = target, verdicts
         self._changed.set()
         stalled = [v for v in verdicts.values() if v.state is State.STALLED]
+        if self._recovered():
+            self._answered = False  # the incident's clients were answered; new ones pass
+        self._gate()
         if stalled and self.policy.actions and (self.incident is None or self.incident.done()):
             self.incident = asyncio.create_task(self._incident(stalled[0]), name="incident")
+
+    def on_stuck(self, findings: list[StuckRequest]) -> None:
+        """The request judge's findings: abort each (--request-action abort, not --dry-run),
+        log it, count it, note it in the timeline; a burst is an incident."""
+        for f in findings:
+            result = self._stuck(f)
+            log.warning(
+                "request %s stuck: %s; %s", f.request_id, f.evidence, result.replace("-", " ")
+            )
+            rec = {"kind": "request-stuck", "request_id": f.request_id, "result": result}
+            self.note(rec | {"silent_s": f.silent_s, "threshold_s": f.threshold_s})
+            if f.burst and self.policy.actions and (self.incident is None or self.incident.done()):
+                evidence = (f"several requests stuck while the engine served others: {f.evidence}",)
+                verdict = Verdict(f.t, "-", State.STALLED, STUCK_REQUESTS, evidence=evidence)
+                self.incident = asyncio.create_task(self._incident(verdict), name="incident")
+
+    def _stuck(self, f: StuckRequest) -> str:
+        if self.guard is None:
+            return "not aborted (no guard)"
+        self.guard.count_stuck()
+        if self.request_action != "abort":
+            return "reported"
+        if self.policy.dry_run:
+            return "dry-run: would abort"
+        ended = self.guard.end(f.request_id, MESSAGES[Ending.STUCK].format(silent=f.silent_s))
+        return "aborted" if ended else "already gone"
+
+    def _gate(self) -> None:
+        """New requests through the guard: refused (503) while the engine is stalled and its
+        clients were answered, restarting, or not listening; passed otherwise."""
+        if self.guard is None or Action.ANSWER not in self.policy.actions or self.policy.dry_run:
+            return
+        self.guard.refuse(refusal(self._verdicts.values(), self._answered))
 
     # -- the ladder --------------------------------------------------------------------------
 
     async def _incident(self, verdict: Verdict) -> None:
         log.warning("incident: engine %s stalled (%s)", verdict.engine, verdict.cause)
-        if await self._hold_back(verdict):
+        rungs = self.policy.actions
+        if verdict.cause == STUCK_REQUESTS:
+            # The engine serves the others: evidence for its maintainers, nothing that would
+            # end the healthy streams with the stuck ones.
+            if Action.CAPTURE in rungs:
+                await self._act(Action.CAPTURE, self.actions.capture(verdict, destructive=False))
+            return
+        hold_back = asyncio.create_task(self._hold_back(verdict), name="hold-back")
+        if Action.ANSWER in rungs and self.guard is not None:
+            # Clients wait for nothing: a paused engine answers /is_paused at once, a hung one
+            # never (its loop holds the answer), so a short wait tells them apart.
+            await asyncio.wait({hold_back}, timeout=ANSWER_WAIT_S)
+            if not (hold_back.done() and hold_back.result()):
+                await self._act(Action.ANSWER, self._answer(verdict))
+        if await hold_back:
             await self._wait_for(self._recovered, None)
             return
-        rungs = self.policy.actions
         if Action.CAPTURE in rungs:
             await self._act(Action.CAPTURE, self.actions.capture(verdict, destructive=False))
         if Action.ABORT in rungs and verdict.cause != Cause.ENGINE_DEAD:
@@ -144,6 +223,14 @@ class Supervisor:
             listener(self._target, action, "end", outcome)
         return outcome
 
+    async def _answer(self, verdict: Verdict) -> Outcome:
+        assert self.guard is not None
+        self._answered = True
+        message = MESSAGES[Ending.STALL].format(cause=verdict.cause or Cause.NO_PROGRESS)
+        self._gate()
+        ended = self.guard.end_all(message)
+        return Outcome(Result.OK, f"{ended} request(s) in flight answered; new ones get 503")
+
     @staticmethod
     async def _noop(detail: str, result: Result = Result.OK) -> Outcome:
         return Outcome(result, detail)
@@ -168,3 +255,18 @@ class Supervisor:
             except asyncio.TimeoutError:
                 return condition()
         return True
+
+
+def refusal(verdicts: Iterable[Verdict], answered: bool) -> str | None:
+    """Why new requests are refused now (the Retry-After answer's message), or None.
+    ``answered``: the answer rung ran for an incident the engine has not recovered from."""
+    for v in verdicts:
+        if v.state is State.STALLED and answered:
+            return f"engine-watchdog: the engine is stalled ({v.cause}); retry later or elsewhere"
+        if v.state is State.UNREACHABLE and answered:
+            return "engine-watchdog: the engine is being recovered; retry later or elsewhere"
+        if v.state is State.STARTING and v.cause == Cause.RESTARTING:
+            return "engine-watchdog: the engine is restarting; retry later or elsewhere"
+        if v.state in (State.STARTING, State.UNREACHABLE) and v.cause == "connection-refused":
+            return "engine-watchdog: the engine is not listening; retry later or elsewhere"
+    return None

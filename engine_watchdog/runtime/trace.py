@@ -20,10 +20,12 @@ from engine_watchdog.core.model import (
     CanaryObs,
     GpuInfo,
     GpuObs,
+    GuardObs,
     HealthObs,
     Observation,
     ProcInfo,
     ProcsObs,
+    QuietStream,
     RestartObs,
 )
 from engine_watchdog.core.settings import DetectorSettings
@@ -112,7 +114,52 @@ def encode_procs(obs: ProcsObs) -> dict[str, Any]:
     return {"v": VERSION, "t": obs.t, "kind": "procs", "procs": [asdict(p) for p in obs.procs]}
 
 
-def encode(obs: HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs) -> dict[str, Any]:
+def encode_guard(obs: GuardObs) -> dict[str, Any]:
+    rec = {"v": VERSION, "t": obs.t, "kind": "guard", "open": obs.open, "decoding": obs.decoding}
+    rec |= {"events": obs.events, "finished": obs.finished, "last_event_t": obs.last_event_t}
+    quiet = [
+        {
+            "id": q.request_id,
+            "started_t": q.started_t,
+            "first_event_t": q.first_event_t,
+            "last_event_t": q.last_event_t,
+            "events": q.events,
+            "waiting_since": q.waiting_since,
+        }
+        for q in obs.quiet
+    ]
+    return rec | {"gaps": list(obs.gaps), "quiet": quiet}
+
+
+def decode_guard(t: float, rec: dict[str, Any]) -> GuardObs:
+    quiet = tuple(
+        QuietStream(
+            request_id=str(q["id"]),
+            started_t=_num(q["started_t"]) or 0.0,
+            first_event_t=_num(q.get("first_event_t")),
+            last_event_t=_num(q.get("last_event_t")),
+            events=int(q.get("events", 0)),
+            waiting_since=_num(q.get("waiting_since")),
+        )
+        for q in rec.get("quiet", ())
+    )
+    return GuardObs(
+        t,
+        open=int(rec["open"]),
+        decoding=int(rec["decoding"]),
+        events=int(rec.get("events", 0)),
+        finished=int(rec.get("finished", 0)),
+        last_event_t=_num(rec.get("last_event_t")),
+        gaps=tuple(int(n) for n in rec.get("gaps", ())),
+        quiet=quiet,
+    )
+
+
+def encode(
+    obs: HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs | GuardObs,
+) -> dict[str, Any]:
+    if isinstance(obs, GuardObs):
+        return encode_guard(obs)
     if isinstance(obs, HealthObs):
         return encode_health(obs)
     if isinstance(obs, RestartObs):
@@ -161,6 +208,8 @@ def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
         return GpuObs(t, tuple(_gpu(g) for g in rec["gpus"]))
     if kind == "procs":
         return ProcsObs(t, tuple(_proc(p) for p in rec["procs"]))
+    if kind == "guard":
+        return decode_guard(t, rec)
     if kind == "restart":
         return RestartObs(t, _str(rec.get("detail")) or "", _bool(rec.get("replaced", False)))
     return None

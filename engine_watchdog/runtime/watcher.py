@@ -20,11 +20,13 @@ from engine_watchdog.core.detector import Detector
 from engine_watchdog.core.exposition import filter_body
 from engine_watchdog.core.model import (
     CanaryObs,
+    GuardObs,
     Observation,
     ProcInfo,
     ProcsObs,
     RestartObs,
     ScrapeObs,
+    StuckRequest,
     Transition,
     Verdict,
 )
@@ -43,6 +45,12 @@ from engine_watchdog.runtime.trace import encode, encode_scrape, encode_settings
 log = logging.getLogger(__name__)
 TIMELINE_SECONDS = 600.0
 """How much recorded history an incident bundle gets."""
+
+
+class WireSource(Protocol):
+    """The guard, as a probe (guard/proxy.py)."""
+
+    def snapshot(self, t: float) -> GuardObs: ...
 
 
 class Reporter(Protocol):
@@ -96,6 +104,10 @@ class Watcher:
         self.detector = Detector(settings.detector)
         self.timeline: deque[dict[str, Any]] = deque()
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.wire: WireSource | None = None
+        """The guard in front of this engine, if one runs in this process."""
+        self.stuck_listeners: list[Callable[[list[StuckRequest]], None]] = []
+        """Told each round's stuck requests (the supervisor)."""
         self.rounds = 0
         self._round: list[dict[str, Any]] = []
         if not self.detecting:
@@ -132,6 +144,10 @@ class Watcher:
         ):
             changes += self.detector.feed(obs)
             self._fed_t = max(self._fed_t, obs.t)
+        stuck = self.detector.take_stuck()
+        if stuck:
+            for listener in self.stuck_listeners:
+                listener(stuck)
         self._publish()
         self._maybe_send_canary()
         self.rounds += 1
@@ -153,6 +169,11 @@ class Watcher:
         pids = self.settings.probe.pids
         obs = await sample_procs_async(None if pids else self.target, pids, profile=self.profile)
         return obs.procs
+
+    def note(self, rec: dict[str, Any]) -> None:
+        """A record for the incident timeline and the trace (what the guard did to a request),
+        published with the next round; replay ignores its kind."""
+        self._remember({"v": 1, "t": self.clock(), **rec})
 
     def note_restart(self, detail: str, replaced: bool = False) -> None:
         """The watchdog just ended the engine so that it restarts (``replaced``: and already
@@ -183,11 +204,18 @@ class Watcher:
             jobs.append(self._procs())
         if self.gpu is not None:
             jobs.append(self._gpu(self.gpu))
+        if self.wire is not None:
+            jobs.append(self._guard(self.wire))
         return jobs
 
     def _health_wanted(self) -> bool:
         """In the first round, and while /metrics does not answer (dead or unreachable?)."""
         return self.last_scrape is None or self.last_scrape.error is not None
+
+    async def _guard(self, wire: WireSource) -> Observation:
+        obs = wire.snapshot(self.clock())
+        self._remember(encode(obs))
+        return obs
 
     async def _scrape(self) -> Observation:
         probe = self.settings.probe

@@ -71,6 +71,10 @@ _D = SimSettings()  # defaults, shown in --help
     "--slow-tokens-per-second", type=float, default=_D.slow_tokens_per_second, show_default=True
 )
 @click.option("--api-freeze-seconds", type=float, default=_D.api_freeze_seconds, show_default=True)
+@click.option("--stuck-after-tokens", type=int, default=_D.stuck_after_tokens, show_default=True)
+@click.option(
+    "--stamp-events", is_flag=True, help='Each streamed chunk carries "sim_t" (benchmarks).'
+)
 @click.option(
     "--dialect",
     type=click.Choice(DIALECTS),

@@ -145,7 +145,8 @@ class EngineCore:
             log.warning("EngineCore %d: fault %s let go of the loop", self.rank, held)
         now = time.monotonic()
         long_s = self.faults.long_prefill_seconds()
-        result = sched.step(now, long_s, admit=self.pause_state == "running")
+        hold = self.faults.held()
+        result = sched.step(now, long_s, admit=self.pause_state == "running", held=hold)
         if result.long_prefill_started:
             self.faults.long_prefill_started()
         if result.long_prefill_done:

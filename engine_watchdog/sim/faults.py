@@ -32,6 +32,8 @@ FREEZE_AFTER_ANSWER_S = 0.2
 """Delay between answering ``POST /sim/fault`` and blocking the loop, so the answer gets out."""
 
 API_FAULTS = frozenset({"api-freeze"})
+STUCK_MARKER = "stuck"
+"""stuck-request holds the requests whose id contains this (the client's X-Request-Id)."""
 """Faults of the API process; every other fault belongs to the engine cores."""
 
 
@@ -48,6 +50,7 @@ class FaultSpec:
     long_prefill_seconds: float = 60.0
     slow_tokens_per_second: float = 0.2
     api_freeze_seconds: float = 3600.0
+    stuck_after_tokens: int = 2
 
     @classmethod
     def from_settings(cls, s: SimSettings) -> FaultSpec:
@@ -57,6 +60,7 @@ class FaultSpec:
             s.long_prefill_seconds,
             s.slow_tokens_per_second,
             s.api_freeze_seconds,
+            s.stuck_after_tokens,
         )
 
     def with_request(self, body: Mapping[str, Any]) -> FaultSpec:
@@ -121,6 +125,13 @@ class EngineFaults:
     def describe(self) -> dict[str, Any]:
         with self._lock:
             return {"fault": self._spec.name, "state": self._state, "params": self._spec.to_wire()}
+
+    def held(self) -> tuple[str, int] | None:
+        """stuck-request: (the id marker, the tokens a marked request gets), else None."""
+        with self._lock:
+            if self._spec.name != "stuck-request":
+                return None
+            return STUCK_MARKER, self._spec.stuck_after_tokens
 
     def is_slow(self) -> bool:
         with self._lock:

@@ -230,15 +230,24 @@ class OpenAIHandlers:
         self, resp: web.StreamResponse, req: Parsed, state: RequestState
     ) -> None:
         n = 0
-        if req.chat:
-            await _send(resp, self._chunk(req, {"role": "assistant", "content": ""}, None))
         async with contextlib.aclosing(self.group.deltas(state)) as deltas:
             async for delta in deltas:
+                if req.chat and n == 0:
+                    # vLLM sends the role with the engine's first output, after the prefill
+                    # (chat_completion/serving.py, first_iteration), not before it.
+                    await self._send(
+                        resp, self._chunk(req, {"role": "assistant", "content": ""}, None)
+                    )
                 n += len(delta.token_ids)
-                await _send(resp, self._chunk(req, detokenize(delta.token_ids), delta))
+                await self._send(resp, self._chunk(req, detokenize(delta.token_ids), delta))
         if req.include_usage:
             usage = {"choices": [], "usage": _usage(req, n)}
-            await _send(resp, self._envelope(req, _chunk_object(req)) | usage)
+            await self._send(resp, self._envelope(req, _chunk_object(req)) | usage)
+
+    async def _send(self, resp: web.StreamResponse, doc: dict[str, Any]) -> None:
+        if self.settings.stamp_events:
+            doc["sim_t"] = time.time()
+        await _send(resp, doc)
 
     def _chunk(self, req: Parsed, content: Any, delta: Delta | None) -> dict[str, Any]:
         reason = delta.finish_reason if delta else None

@@ -83,8 +83,16 @@ class Scheduler:
         ending = sum(1 for r in self.running if not r.prefilling and self._ends_next(r))
         return len(self.running) - ending + len(self.waiting)
 
-    def step(self, now: float, long_prefill_s: float | None, admit: bool) -> StepResult:
-        """One engine step: admit, prefill a chunk, decode one token per running request."""
+    def step(
+        self,
+        now: float,
+        long_prefill_s: float | None,
+        admit: bool,
+        held: tuple[str, int] | None = None,
+    ) -> StepResult:
+        """One engine step: admit, prefill a chunk, decode one token per running request.
+        ``held``: (marker, n): a running request whose id holds the marker gets no token past
+        its n-th (the stuck-request fault: it stays running, unscheduled)."""
         result = StepResult()
         if long_prefill_s is None:
             self._drop_long_prefill()
@@ -101,6 +109,8 @@ class Scheduler:
                     continue
                 result.long_prefill_done |= req.long_prefill_start is not None
                 req.long_prefill_start = None
+            elif held is not None and held[0] in req.request_id and req.num_output >= held[1]:
+                continue
             else:
                 room, n = self._make_room(req)
                 preempted += n

@@ -111,10 +111,15 @@ async def serve(settings: SimSettings) -> int:
         build_app(settings, group, metrics, api_fault),
         access_log_format=ACCESS_LOG_FORMAT,
         shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S,
+        # vLLM's completion and chat routes are @with_cancellation: a client that goes away
+        # aborts its request at once, even one waiting for its next token (FACTS.md).
+        handler_cancellation=True,
     )
     await runner.setup()
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        # uvicorn's default backlog, which vLLM's API server runs with (aiohttp's is 128: a
+        # burst of a thousand connections would wait out SYN retries).
+        await web.TCPSite(runner, settings.host, settings.port, backlog=2048).start()
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc)
         await group.stop()

@@ -15,6 +15,7 @@ FAULT_NAMES = (
     "slow",
     "long-prefill",
     "api-freeze",
+    "stuck-request",
 )
 """Every fault the simulator can inject; ``none`` clears one."""
 
@@ -84,6 +85,13 @@ class SimSettings:
     api_freeze_seconds: float = 3600.0
     """api-freeze: the API event loop stays blocked this long (or until SIGUSR2)."""
 
+    stuck_after_tokens: int = 2
+    """stuck-request: a request whose id holds ``stuck`` (its X-Request-Id) gets this many
+    tokens, then no more, while it stays running and the others go on."""
+
+    stamp_events: bool = False
+    """Every streamed chunk carries ``"sim_t"``, the Unix time it was written (benchmarks)."""
+
     engine_start_timeout: float = 30.0
     """Seconds to wait for every engine core's handshake before giving up."""
 
@@ -127,6 +135,7 @@ def validate(s: SimSettings) -> None:
         "max_num_seqs": s.max_num_seqs,
         "data_parallel_size": s.data_parallel_size,
         "freeze_last_n": s.freeze_last_n,
+        "stuck_after_tokens": s.stuck_after_tokens,
     }
     for name, count in at_least_one.items():
         if count < 1:

@@ -90,6 +90,7 @@ KUSTOMIZE_EXPECT = {
     "baseline": Expect(ptrace=False),
     "liveness": Expect(liveness=True),
     "events": Expect(events=True),
+    "guard": Expect(guard=True),
 }
 
 

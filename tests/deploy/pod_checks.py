@@ -234,13 +234,17 @@ def check_guard(r: Rendering) -> None:
     ]
     if not r.expect.guard:
         assert not services, r.name
+        for where, w in each(r):
+            assert "ENGINE_WATCHDOG_GUARD_LISTEN" not in configmap(r.objs, w), where
         return
     for where, w in each(r):
         labels = w["spec"]["template"]["metadata"]["labels"]
         mine = [s for s in services if s["spec"]["selector"].items() <= labels.items()]
         assert len(mine) == 1, (where, [s["metadata"]["name"] for s in services])
-        listen = configmap(r.objs, w)["ENGINE_WATCHDOG_GUARD_LISTEN"]
-        assert listen == "0.0.0.0:8001", where
+        config = configmap(r.objs, w)
+        assert config["ENGINE_WATCHDOG_GUARD_LISTEN"] == "0.0.0.0:8001", where
+        # The guard answers every client at a stall: the answer rung is on (issue 15).
+        assert config["ENGINE_WATCHDOG_ACTION"].split(",")[0] == "answer", where
 
 
 def check_api_key_and_alerts(r: Rendering) -> None:

@@ -70,6 +70,11 @@ class WatchdogOptions:
     so the abort by request id (all that --enable-scale-out offers) has an id to send."""
     max_restarts: int = 5
     engine_args: tuple[str, ...] = ("--enable-scale-out",)
+    actions: str = "capture,abort,restart"
+    extra: tuple[str, ...] = ()
+    """More watchdog options (the guard's)."""
+    engine_env: tuple[tuple[str, str], ...] = ()
+    """More of the engine's environment (the stuck-request plugin's marker)."""
 
 
 @dataclass
@@ -162,10 +167,11 @@ def watchdog_argv(engine_port: int, workdir: Path, opts: WatchdogOptions) -> lis
         "--incident-dir", str(workdir / "incidents"),
         "--stall-seconds", str(opts.stall_s),
         "--canary-timeout", str(opts.canary_timeout_s),
-        "--action", "capture,abort,restart",
+        "--action", opts.actions,
         "--abort-grace", str(opts.abort_grace_s),
         "--restart-backoff", "0",
         "--max-restarts", str(opts.max_restarts),
+        *opts.extra,
         "--",
     ]  # fmt: skip
 
@@ -179,7 +185,7 @@ def start_supervised(
     workdir.mkdir(parents=True, exist_ok=True)
     port, trigger = free_port(), workdir / "deadlock.trigger"
     trigger.unlink(missing_ok=True)
-    extra = plugin_env(workdir, trigger)
+    extra = plugin_env(workdir, trigger) | dict(opts.engine_env)
     argv = [*watchdog_argv(port, workdir, opts), *server_argv(env, port, opts.engine_args)]
     stderr = (workdir / "watchdog.stderr").open("wb")
     proc = subprocess.Popen(  # fixed argv, no shell

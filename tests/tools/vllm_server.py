@@ -48,6 +48,8 @@ LIVE_SERVERS: list[VllmServer] = []
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "e2e" / "plugin"
 PLUGIN_DIST = "engine_watchdog_test_plugin-0.1.0.dist-info"
 PLUGIN_ENTRY = "engine_watchdog_test_deadlock = engine_watchdog_test_plugin:register"
+STUCK_ENTRY = "engine_watchdog_test_stuck = engine_watchdog_test_plugin.stuck:register"
+STUCK_MARKER_ENV = "ENGINE_WATCHDOG_TEST_STUCK_MARKER"
 TRIGGER_ENV = "ENGINE_WATCHDOG_TEST_DEADLOCK_TRIGGER"
 DEADLOCK_FRAME = "_engine_watchdog_test_deadlock"
 
@@ -109,7 +111,9 @@ def plugin_env(workdir: Path, trigger: Path) -> dict[str, str]:
     dist.mkdir(parents=True, exist_ok=True)
     meta = "Metadata-Version: 2.1\nName: engine-watchdog-test-plugin\nVersion: 0.1.0\n"
     (dist / "METADATA").write_text(meta)
-    (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{PLUGIN_ENTRY}\n")
+    (dist / "entry_points.txt").write_text(
+        f"[vllm.general_plugins]\n{PLUGIN_ENTRY}\n{STUCK_ENTRY}\n"
+    )
     return {
         "PYTHONPATH": os.pathsep.join([str(dist.parent), str(PLUGIN_DIR)]),
         TRIGGER_ENV: str(trigger),

@@ -17,7 +17,7 @@ import pytest
 from engine_watchdog.core.detector import Detector, DetectorSettings
 from engine_watchdog.core.model import STALL_CAUSES, CanaryObs, State, Transition, Verdict
 from engine_watchdog.engines import VLLM
-from engine_watchdog.runtime.replay import replay
+from engine_watchdog.runtime.replay import judge, replay
 from engine_watchdog.runtime.trace import decode
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -222,3 +222,20 @@ def test_every_recorded_trace_is_in_time_order() -> None:
                 late.setdefault(name, number)
             last = max(last, t)
     assert late == {}, f"first line out of time order, per trace: {late}"
+
+
+STUCK = {"guard-stuck-request-sim": ["stuck-1"]}
+"""The requests the request judge must name on replay: exactly these, in every trace."""
+
+
+@pytest.mark.parametrize("name", names())
+def test_the_request_judge_names_exactly_the_stuck_requests(name: str) -> None:
+    s = load(name)
+    with s.trace.open(encoding="utf-8") as lines:
+        stuck = judge(lines, VLLM, DetectorSettings(**s.expect["settings"])).stuck
+    assert [f.request_id for f in stuck] == STUCK.get(name, [])
+
+
+def test_the_corpus_has_scenarios_seen_through_the_guard() -> None:
+    guarded = [n for n in names() if '"kind":"guard"' in load(n).trace.read_text()]
+    assert len(guarded) >= 5 and set(STUCK) <= set(guarded)

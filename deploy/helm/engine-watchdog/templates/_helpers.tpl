@@ -53,6 +53,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- if .Values.guard.enabled -}}
 {{- $_ := set $data "ENGINE_WATCHDOG_GUARD_LISTEN" (printf "0.0.0.0:%d" (int .Values.guard.port)) -}}
+{{- /* The guard answers every client at a stall: the answer rung runs first. */ -}}
+{{- $actions := without (splitList "," $data.ENGINE_WATCHDOG_ACTION) "answer" -}}
+{{- $_ := set $data "ENGINE_WATCHDOG_ACTION" (prepend $actions "answer" | join ",") -}}
 {{- end -}}
 {{- toYaml $data -}}
 {{- end -}}

@@ -1,0 +1,286 @@
+"""The guard's cost on the data path: streams through the guard against straight to the engine,
+side by side in one run (phases alternate direct, guard, direct, guard at each load).
+
+    .venv/bin/python -m benchmarks.guard [--streams 64,256,1024] [--rate 25] [--seconds 10]
+    .venv/bin/python -m benchmarks.guard --url http://127.0.0.1:8000 --model tiny --streams 16,64
+    .venv/bin/python -m benchmarks.guard --vllm --streams 16,64 --naive   # starts the CPU vLLM
+
+Against the simulator (the default) every chunk carries the Unix time the simulator wrote it
+(``sim --stamp-events``), so a client's latency per event is its arrival minus that; the
+guard's added latency is the difference of the two phases' percentiles. A real engine stamps
+nothing: there the latency column is the time to the first event instead. The guard is the
+product itself (``engine-watchdog guard``, its detector included) in its own process; its CPU
+per event is its CPU time over the events it passed, its RSS per 1,000 streams the growth of
+its RSS with the streams open, from the idle guard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+from engine_watchdog.guard.proxy import raise_open_files_limit
+from engine_watchdog.sim.launcher import SimProcess, free_port
+from tests.tools.cli import CONSOLE_SCRIPT
+from tests.tools.guard import wait_listening
+
+WARMUP_S = 3.0
+MAX_TOKENS = [100_000]
+"""Tokens per request (a real engine's context bounds it: --max-tokens)."""
+
+
+@dataclass
+class Phase:
+    """What the clients of one phase saw."""
+
+    events: int = 0
+    latencies: list[float] = field(default_factory=list)
+    first: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    guard_cpu_s: float = 0.0
+    guard_rss_mb: float = 0.0
+    errors: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def one_stream(
+    session: aiohttp.ClientSession, url: str, model: str, phase: Phase, window: list[float]
+) -> None:
+    """One stream at a time per client, again and again until the window ends."""
+    while time.time() < window[1]:
+        if not await one_request(session, url, model, phase, window):
+            return
+
+
+async def one_request(
+    session: aiohttp.ClientSession, url: str, model: str, phase: Phase, window: list[float]
+) -> bool:
+    body = {"model": model, "prompt": "go", "max_tokens": MAX_TOKENS[0], "stream": True}
+    body |= {"ignore_eos": True, "temperature": 0.0}
+    start = time.time()
+    try:
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                phase.errors += 1
+                return False
+            async for line in resp.content:
+                now = time.time()
+                if not line.startswith(b"data: {"):
+                    continue
+                if start:
+                    phase.first.append(now - start)
+                    start = 0.0
+                if window[0] <= now <= window[1]:
+                    phase.events += 1
+                    at = line.rfind(b'"sim_t":')
+                    if at > 0:
+                        phase.latencies.append(now - float(line[at + 8 : line.rfind(b"}")]))
+                elif now > window[1]:
+                    return False
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        phase.errors += 1
+        return False
+    return True
+
+
+async def run_phase(
+    url: str, model: str, streams: int, seconds: float, guard: psutil.Process | None
+) -> Phase:
+    phase = Phase()
+    begin = time.time() + WARMUP_S + streams / 100  # room to open every stream first
+    window = [begin, begin + seconds]
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        tasks = [
+            asyncio.create_task(one_stream(session, url, model, phase, window))
+            for _ in range(streams)
+        ]
+        await asyncio.sleep(max(0.0, begin - time.time()))
+        cpu0 = sum(guard.cpu_times()[:2]) if guard else 0.0
+        await asyncio.sleep(seconds)
+        if guard is not None:
+            phase.guard_cpu_s = sum(guard.cpu_times()[:2]) - cpu0
+            phase.guard_rss_mb = guard.memory_info().rss / 2**20
+        await asyncio.wait(tasks, timeout=5)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    phase.seconds = seconds
+    return phase
+
+
+@contextlib.asynccontextmanager
+async def guard_process(
+    upstream: str, naive: bool = False
+) -> AsyncIterator[tuple[str, psutil.Process]]:
+    """The guard (``naive``: the 30-line pass-through it is measured against)."""
+    port = free_port()
+    argv = [str(CONSOLE_SCRIPT), "guard", upstream, "--guard-listen", f"127.0.0.1:{port}"]
+    argv += ["--listen", f"127.0.0.1:{free_port()}", "--no-gpu", "--action", "none"]
+    if naive:
+        argv = [sys.executable, "-m", "benchmarks.naive_proxy", upstream, str(port)]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await wait_listening(url, 30)
+        yield url, psutil.Process(proc.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+
+
+@dataclass
+class Row:
+    streams: int
+    direct: list[Phase]
+    guard: list[Phase]
+    idle_rss_mb: float
+    proxy: str = "guard"
+
+    def cells(self, stamped: bool) -> list[str]:
+        d_rate = statistics.mean(p.rate for p in self.direct)
+        g_rate = statistics.mean(p.rate for p in self.guard)
+        lat = "latencies" if stamped else "first"
+        d = [x for p in self.direct for x in getattr(p, lat)]
+        g = [x for p in self.guard for x in getattr(p, lat)]
+        events = sum(p.events for p in self.guard)
+        cpu = sum(p.guard_cpu_s for p in self.guard) / events * 1e6 if events else float("nan")
+        rss = max(p.guard_rss_mb for p in self.guard) - self.idle_rss_mb
+        return [
+            self.proxy,
+            str(self.streams),
+            f"{d_rate:.0f}",
+            f"{g_rate:.0f}",
+            f"{g_rate / d_rate:.3f}" if d_rate else "-",
+            f"{(pct(g, 0.5) - pct(d, 0.5)) * 1e3:+.2f}",
+            f"{(pct(g, 0.99) - pct(d, 0.99)) * 1e3:+.2f}",
+            f"{pct(d, 0.5) * 1e3:.2f} / {pct(d, 0.99) * 1e3:.2f}",
+            f"{cpu:.1f}",
+            f"{rss / self.streams * 1000:.1f}",
+            str(sum(p.errors for p in (*self.direct, *self.guard))),
+        ]
+
+
+HEAD = [
+    "proxy",
+    "streams",
+    "direct events/s",
+    "proxied events/s",
+    "ratio",
+    "added p50 ms",
+    "added p99 ms",
+    "direct p50 / p99 ms",
+    "proxy CPU µs/event",
+    "proxy RSS MB per 1000 streams",
+    "errors",
+]
+
+
+async def bench(
+    upstream: str, model: str, loads: Sequence[int], seconds: float, rounds: int, naive: bool
+) -> list[Row]:
+    rows = []
+    async with contextlib.AsyncExitStack() as stack:
+        proxies = {"guard": await stack.enter_async_context(guard_process(upstream))}
+        if naive:
+            proxies["naive"] = await stack.enter_async_context(guard_process(upstream, True))
+        for streams in loads:
+            await asyncio.sleep(2)
+            idle = {name: p.memory_info().rss / 2**20 for name, (_, p) in proxies.items()}
+            direct: list[Phase] = []
+            through: dict[str, list[Phase]] = {name: [] for name in proxies}
+            for _ in range(rounds):
+                for name, (url, proc) in proxies.items():
+                    direct.append(await run_phase(upstream, model, streams, seconds, None))
+                    through[name].append(await run_phase(url, model, streams, seconds, proc))
+            for name in proxies:
+                rows.append(Row(streams, direct, through[name], idle[name], name))
+                print(" | ".join(rows[-1].cells(True)), flush=True)
+    return rows
+
+
+def table(rows: list[Row], stamped: bool) -> str:
+    head = list(HEAD)
+    if not stamped:
+        head[5:8] = ["added TTFE p50 ms", "added TTFE p99 ms", "direct TTFE p50 / p99 ms"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join([*lines, *("| " + " | ".join(r.cells(stamped)) + " |" for r in rows)])
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    raise_open_files_limit()  # 1,024 streams: more sockets than the usual soft limit
+    loads = [int(n) for n in args.streams.split(",")]
+    MAX_TOKENS[0] = args.max_tokens
+    if args.vllm:
+        await asyncio.to_thread(bench_vllm, args, loads)
+        return
+    if args.url:
+        rows = await bench(args.url, args.model, loads, args.seconds, args.rounds, args.naive)
+        print(table(rows, stamped=False))
+        return
+    sim_args = ["--served-model-name", "bench", "--tokens-per-second", str(args.rate)]
+    sim_args += ["--max-num-seqs", "4096", "--kv-capacity-tokens", "1000000000", "--stamp-events"]
+    sim_args += ["--no-preemption"]  # its KV accounting is linear per request: quadratic a step
+    async with SimProcess(*sim_args, startup_timeout=60) as sim:
+        rows = await bench(sim.url, "bench", loads, args.seconds, args.rounds, args.naive)
+    print(table(rows, stamped=True))
+
+
+def bench_vllm(args: argparse.Namespace, loads: list[int]) -> None:
+    """The real vLLM of the e2e tests (CPU, tiny model), started and stopped here."""
+    from tests.tools.vllm_env import ensure_vllm_env
+    from tests.tools.vllm_server import start_server, stop_server
+
+    MAX_TOKENS[0] = min(MAX_TOKENS[0], 1500)  # --max-model-len 2048
+    server = start_server(ensure_vllm_env(), Path(tempfile.mkdtemp()) / "vllm.log")
+    try:
+        run = bench(server.base_url, "tiny", loads, args.seconds, args.rounds, args.naive)
+        print(table(asyncio.run(run), stamped=False))
+    finally:
+        stop_server(server)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The guard's cost per event, side by side.")
+    parser.add_argument("--streams", default="64,256,1024")
+    parser.add_argument("--rate", type=float, default=25.0, help="events/s of each stream (sim)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per phase")
+    parser.add_argument("--rounds", type=int, default=2, help="direct+guard pairs per load")
+    parser.add_argument("--url", help="a real engine instead of the simulator")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--naive", action="store_true", help="also the naive pass-through")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS[0])
+    parser.add_argument("--vllm", action="store_true", help="start the e2e tests' CPU vLLM")
+    asyncio.run(main_async(parser.parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

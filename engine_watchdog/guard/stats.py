@@ -1,0 +1,125 @@
+"""The guard's counters and histograms, kept as plain ints on the hot path (one list index per
+chunk, no lock) and read by Prometheus at scrape time through a collector, the way
+report/metrics.py reads the verdicts. Names follow report/metrics.py (``engine_watchdog_``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from engine_watchdog.core.wire import GAP_BOUNDS
+from engine_watchdog.guard.errors import Ending
+from engine_watchdog.report.metrics import PREFIX
+
+FIRST_EVENT_BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
+OUTCOMES = (
+    "completed",
+    "client-gone",
+    "upstream-error",
+    "refused",
+    "too-large",
+    Ending.STUCK.value,
+    Ending.STALL.value,
+)
+"""How a request through the guard ended: every one is counted under exactly one."""
+
+
+class Histogram:
+    """Bucket counts and a sum; ``counts[i]`` counts values up to ``bounds[i]``, the last
+    bucket the rest."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def family(self, name: str, text: str, target: str) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, text, labels=["target"])
+        cumulative, buckets = 0, []
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
+            cumulative += n
+            buckets.append((bound, float(cumulative)))
+        family.add_metric([target], buckets, self.total)
+        return family
+
+
+class GuardStats:
+    """What the guard counts. The guard's hot path writes these fields directly."""
+
+    def __init__(self) -> None:
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.gaps = Histogram(GAP_BOUNDS)
+        self.first_event = Histogram(FIRST_EVENT_BOUNDS)
+        self.events = 0
+        self.finished = 0
+        self.stuck = 0
+        """Requests the request judge named stuck (counted whether or not they were aborted)."""
+
+    def end(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+        self.finished += 1
+
+
+class GuardCollector(Collector):
+    """The guard's series, built at scrape time."""
+
+    def __init__(
+        self,
+        target: str,
+        stats: GuardStats,
+        in_flight: Callable[[], int],
+        refusing: Callable[[], bool],
+    ) -> None:
+        self.target = target
+        self.stats = stats
+        self.in_flight = in_flight
+        self.refusing = refusing
+
+    def collect(self) -> Iterable[Metric]:
+        s, t, p = self.stats, self.target, PREFIX + "guard_"
+        requests = CounterMetricFamily(
+            p + "requests",
+            "Requests through the guard by how they ended.",
+            labels=["target", "outcome"],
+        )
+        for outcome, n in s.outcomes.items():
+            requests.add_metric([t, outcome], n)
+        events = CounterMetricFamily(
+            p + "events", "SSE events passed to clients.", labels=["target"]
+        )
+        events.add_metric([t], s.events)
+        stuck = CounterMetricFamily(
+            p + "stuck_requests", "Streams the request judge found stuck.", labels=["target"]
+        )
+        stuck.add_metric([t], s.stuck)
+        aborted = CounterMetricFamily(
+            p + "aborted_requests",
+            "Requests the guard ended itself, by reason (stuck: one stream; stall: the engine).",
+            labels=["target", "reason"],
+        )
+        aborted.add_metric([t, "stuck"], s.outcomes[Ending.STUCK.value])
+        aborted.add_metric([t, "stall"], s.outcomes[Ending.STALL.value])
+        flight = GaugeMetricFamily(
+            p + "in_flight", "Requests in flight through the guard.", labels=["target"]
+        )
+        flight.add_metric([t], self.in_flight())
+        refusing = GaugeMetricFamily(
+            p + "refusing", "1 while the guard answers new requests 503.", labels=["target"]
+        )
+        refusing.add_metric([t], 1 if self.refusing() else 0)
+        ttfe = s.first_event.family(
+            p + "time_to_first_event_seconds", "From the request to its first SSE event.", t
+        )
+        gaps = s.gaps.family(
+            p + "inter_event_seconds", "Between consecutive SSE events of a stream.", t
+        )
+        yield from (requests, events, stuck, aborted, flight, refusing, ttfe, gaps)

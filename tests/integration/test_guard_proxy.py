@@ -1,0 +1,165 @@
+"""The guard's proxy on its own (issue 15, simulator tier): transparent to the same request
+sent straight to the engine, a client that leaves closes its request in the engine, a slow
+reader is never stuck, and bad options are one line. Against a real simulator (or a plain SSE
+server) on loopback; the watchdog as the real console script where a judge is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from engine_watchdog.core.settings import GuardSettings
+from engine_watchdog.guard.proxy import Guard
+from engine_watchdog.sim.launcher import SimProcess
+from tests.tools.cli import run_cli
+from tests.tools.guard import (
+    completion,
+    normalised,
+    sim_requests,
+    slow_reader,
+    sse_server,
+    start_guard,
+    stop_guard,
+    stream,
+)
+from tests.tools.watch import metric
+
+pytestmark = pytest.mark.timeout(180)
+MODEL = "m"
+STUCK_S = 3.0
+"""--request-stall-seconds in these tests: short, so a wrong abort would show quickly."""
+
+
+async def in_process_guard(sim: SimProcess, **settings: int) -> Guard:
+    guard = Guard(GuardSettings(**settings), sim.url)  # type: ignore[arg-type]
+    await guard.start("127.0.0.1", 0)
+    return guard
+
+
+async def test_the_guard_is_transparent() -> None:
+    async with SimProcess("--served-model-name", MODEL) as sim:
+        guard = await in_process_guard(sim, max_body_bytes=64 * 1024)
+        url = f"http://127.0.0.1:{guard.port}"
+        try:
+            async with aiohttp.ClientSession() as s:
+                chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+                for body in (completion(MODEL, 12), completion(MODEL, 5, stream=False)):
+                    direct = await stream(s, sim.url, body, "same-a")
+                    through = await stream(s, url, body, "same-b")
+                    assert (through.status, through.headers["Content-Type"]) == (
+                        direct.status,
+                        direct.headers["Content-Type"],
+                    )
+                    assert normalised(through.events) == normalised(direct.events)
+                    assert (
+                        json.loads(through.body or b"{}").keys()
+                        == json.loads(direct.body or b"{}").keys()
+                    )
+                async with s.post(url + "/v1/chat/completions", json=chat | {"stream": True}) as r:
+                    assert r.status == 200 and b"[DONE]" in await r.read()
+                # Status codes and bodies of errors, other methods and paths pass as they are.
+                async with s.post(url + "/v1/completions", json={"model": "other"}) as r:
+                    assert r.status == 404 and (await r.json())["error"]["type"] == "NotFoundError"
+                async with s.get(url + "/no/such/path?x=1") as r:
+                    assert r.status == 404
+                async with s.get(url + "/v1/models") as r:
+                    assert (await r.json())["data"][0]["id"] == MODEL
+                async with s.head(url + "/health") as r:
+                    assert r.status == 200
+                # X-Request-Id: the client's kept, one set where it sent none (vLLM's request id).
+                mine = await stream(s, url, completion(MODEL, 2), "mine-1")
+                assert b'"id":"cmpl-mine-1"' in mine.events[0]
+                theirs = await stream(s, url, completion(MODEL, 2))
+                assert re.search(rb'"id":"cmpl-[0-9a-f]{32}"', theirs.events[0]), theirs.events[0]
+                # The body cap: refused before the engine sees it.
+                big = completion(MODEL, 2) | {"prompt": "word " * 20000}
+                async with s.post(url + "/v1/completions", json=big) as r:
+                    assert r.status == 413
+                    assert (await r.json())["error"]["code"] == 413
+        finally:
+            await guard.stop()
+        assert guard.stats.outcomes["too-large"] == 1
+
+
+async def test_a_client_that_leaves_closes_its_upstream_request() -> None:
+    async with SimProcess("--served-model-name", MODEL) as sim:
+        guard = await in_process_guard(sim)
+        url = f"http://127.0.0.1:{guard.port}"
+        try:
+            async with aiohttp.ClientSession() as s:
+                resp = await s.post(url + "/v1/completions", json=completion(MODEL, 5000))
+                for _ in range(3):
+                    await resp.content.readline()
+                assert len(await sim_requests(sim)) == 1
+                resp.close()  # the client goes away mid-stream
+                for _ in range(50):
+                    if not await sim_requests(sim):
+                        break
+                    await asyncio.sleep(0.1)
+                assert await sim_requests(sim) == []
+        finally:
+            await guard.stop()
+        assert guard.stats.outcomes["client-gone"] == 1
+
+
+async def test_a_slow_reader_holds_its_own_stream_and_is_never_stuck(tmp_path: Path) -> None:
+    """A client that stops reading fills the buffers until the guard waits on it (the trace's
+    guard records show it waiting on the client, not on the engine); it is never called
+    stuck, and gets every event once it reads again. The upstream is a plain SSE server with
+    large events (a few seconds fill the kernel's socket buffers; the simulator's small ones
+    would take minutes)."""
+    trace = tmp_path / "guard.jsonl"
+    async with sse_server() as upstream:
+        args = ("--request-stall-seconds", str(STUCK_S), "--record", str(trace))
+        guard = await start_guard("guard", upstream, *args)
+        try:
+            async with aiohttp.ClientSession() as s:
+                small = {"events": 400, "size": 100, "interval": 0.05}
+                others = [
+                    asyncio.create_task(stream(s, guard.guard_url, small, f"o-{i}"))
+                    for i in range(2)
+                ]
+                big = {"events": 400, "size": 16384, "interval": 0.002}
+                raw = await slow_reader(guard.guard_url, big, pause_s=4 * STUCK_S)
+                moving = await asyncio.gather(*others)
+            text = await guard.metrics()
+        finally:
+            await stop_guard(guard)
+    assert raw.count(b"data: [DONE]") == 1 and b'"error"' not in raw
+    assert raw.count(b"data: x") == 400
+    assert all(m.done and m.error is None for m in moving)
+    assert metric(text, "engine_watchdog_guard_stuck_requests_total") == 0
+    held = [
+        q
+        for line in trace.read_text().splitlines()
+        if (rec := json.loads(line)).get("kind") == "guard"
+        for q in rec["quiet"]
+        if q["id"] == "slow-1" and q["waiting_since"] is None
+    ]
+    assert len(held) >= 2 * STUCK_S, "the guard never waited on the slow client"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--guard-listen", "nonsense"), "--guard-listen 'nonsense': give host:port"),
+        (("--request-action", "kill"), "Invalid value for '--request-action'"),
+        (("--guard-listen", "127.0.0.1:{taken}"), "give a free host:port"),
+    ],
+)
+async def test_bad_guard_options_are_one_line_and_exit_64(args: tuple[str, ...], says: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [a.format(taken=port) for a in args]
+        ran = await run_cli("guard", "http://127.0.0.1:1", "--no-gpu", *argv, timeout=30)
+    assert ran.code == 64, ran.err
+    assert says in ran.err and len(ran.err.strip().splitlines()) == 1, ran.err
