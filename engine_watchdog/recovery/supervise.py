@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,11 +21,13 @@ import psutil
 
 from engine_watchdog.core.model import Action, Outcome, Result
 from engine_watchdog.core.settings import RateLimit
+from engine_watchdog.recovery.engine_log import EngineLog, copy_output
 from engine_watchdog.recovery.history import ActionHistory, ActionRecord
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 15.0
-LOG_MAX_BYTES = 64 << 20
+OUTPUT_DRAIN_S = 5.0
+"""After the engine ended: how long its last output may take to reach the log."""
 
 
 class ChildEngine:
@@ -43,6 +44,7 @@ class ChildEngine:
         """Copy the engine's output to our stderr too (the log file always gets it)."""
         self.command = list(command)
         self.log_path = log_path
+        self.engine_log = EngineLog(log_path)
         self.history = history
         self.target = target
         self.rate_limit = rate_limit
@@ -65,7 +67,10 @@ class ChildEngine:
         )
         self.started_t = time.time()
         log.warning("engine started: pid %d: %s", self.proc.pid, " ".join(self.command))
-        self._output = asyncio.create_task(self._copy_output(self.proc), name="engine-output")
+        assert self.proc.stdout is not None
+        self._output = asyncio.create_task(
+            copy_output(self.proc.stdout, self.engine_log, self.echo), name="engine-output"
+        )
         self._started.set()
 
     async def restart(self, stalled_since: float) -> Outcome:
@@ -119,6 +124,10 @@ class ChildEngine:
         self._stopping = True
         async with self._lock:
             await self._stop()
+        if self._output is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._output, OUTPUT_DRAIN_S)
+        self.engine_log.close()
 
     async def _stop(self, hard: bool = False) -> None:
         """End the engine: gracefully on shutdown; ``hard`` (a stuck engine) kills its children
@@ -143,19 +152,6 @@ class ChildEngine:
         # Children that left the group (none expected) die with their parent's session anyway.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-
-    async def _copy_output(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        with self.log_path.open("ab") as f:
-            while line := await proc.stdout.readline():
-                if self.echo:  # stderr: stdout carries the watchdog's own (JSON) lines
-                    sys.stderr.buffer.write(line)
-                    sys.stderr.flush()
-                if f.tell() > LOG_MAX_BYTES:
-                    f.truncate(0)
-                    f.seek(0)
-                f.write(line)
-                f.flush()
 
 
 def _kill_children(pid: int) -> None:

@@ -117,7 +117,10 @@ async def assemble(
         watcher.listeners.append(target.writer.write)
     # One history for both restart paths (the supervisor's and the supervised child's own), so
     # the restart limit is counted in one memory.
-    history = ActionHistory(settings.capture.incident_dir / HISTORY_FILE)
+    write_errors = metrics.history_write_errors.labels(settings.url)
+    history = ActionHistory(
+        settings.capture.incident_dir / HISTORY_FILE, on_write_error=lambda _: write_errors.inc()
+    )
     if command:
         target.child = _child(settings, command, history, echo_engine)
         await target.child.start()
