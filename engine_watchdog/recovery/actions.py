@@ -24,7 +24,7 @@ from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.http import get_json
 from engine_watchdog.recovery.abort import abort_requests
-from engine_watchdog.recovery.restart import kill_engine_core, run_restart_command
+from engine_watchdog.recovery.restart import RESTART_LOG, kill_engine_core, run_restart_command
 
 log = logging.getLogger(__name__)
 StepsFactory = Callable[[bool], Sequence[CaptureStep]]
@@ -115,7 +115,9 @@ class EngineActions:
             done = await self.restarter(stalled_since)
         elif self.recovery.restart_command:
             done = await run_restart_command(
-                self.recovery.restart_command, self.recovery.restart_timeout_s
+                self.recovery.restart_command,
+                self.recovery.restart_timeout_s,
+                self.capture_settings.incident_dir / RESTART_LOG,
             )
         else:
             procs = await self.engine.find_procs()

@@ -8,16 +8,23 @@ operator gives a ``--restart-command``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 from collections.abc import Sequence
+from pathlib import Path
 
 import psutil
 
 from engine_watchdog.core.model import Outcome, ProcInfo, Result
 
 log = logging.getLogger(__name__)
+KILL_WAIT_S = 10.0
+TAIL_BYTES = 4096
+TAIL_CHARS = 300
+RESTART_LOG = "restart-command.log"
+"""In the incident directory: the last restart command's output."""
 
 
 def _same_process(p: ProcInfo, started_before: float) -> psutil.Process | None:
@@ -58,24 +65,65 @@ def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Outcome
     return Outcome(Result.OK, f"SIGKILL sent to engine core {killed}; its supervisor restarts it")
 
 
-async def run_restart_command(command: Sequence[str], timeout_s: float) -> Outcome:
-    """Run the operator's restart command (no shell), bounded in time."""
+async def run_restart_command(
+    command: Sequence[str], timeout_s: float, log_path: Path | None = None
+) -> Outcome:
+    """Run the operator's restart command (no shell), bounded in time.
+
+    The command itself is waited for, never what it leaves running: a command that starts the
+    engine in the background (``&``, ``setsid``, a daemon) has done its job when it exits. Its
+    output goes to ``log_path`` (emptied first), not to a pipe: a child left running holds its
+    copy of the command's stdout, so waiting for a pipe to close waits for the engine, and a
+    pipe no one reads any more kills a writer with SIGPIPE. Past ``timeout_s`` the command's own
+    process group is killed; what it detached (a new session) is not in it.
+    """
+    out = _open_output(log_path)
     try:
         proc = await asyncio.create_subprocess_exec(
             *command,
-            stdout=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
     except OSError as exc:
         return Outcome(Result.FAILED, f"--restart-command could not start: {exc}")
+    finally:
+        if out != asyncio.subprocess.DEVNULL:
+            os.close(out)  # the command has its own copy
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+        rc = await asyncio.wait_for(proc.wait(), timeout_s)
     except asyncio.TimeoutError:
-        os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
         return Outcome(Result.FAILED, f"--restart-command ran past {timeout_s:.0f} s; killed")
-    tail = out.decode(errors="replace").strip().splitlines()[-1:] if out else []
-    if proc.returncode != 0:
-        return Outcome(Result.FAILED, f"--restart-command exited {proc.returncode}: {tail}")
+    if rc != 0:
+        return Outcome(Result.FAILED, f"--restart-command exited {rc}: {_last_line(log_path)}")
     return Outcome(Result.OK, "--restart-command succeeded")
+
+
+def _open_output(log_path: Path | None) -> int:
+    """A descriptor for the command's output: ``log_path`` emptied, else /dev/null."""
+    if log_path is None:
+        return asyncio.subprocess.DEVNULL
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    except OSError as exc:  # a full or read-only disk must not stop the restart
+        log.warning("--restart-command output not kept: cannot write %s (%s)", log_path, exc)
+        return asyncio.subprocess.DEVNULL
+
+
+def _last_line(log_path: Path | None) -> str:
+    """The last line the command wrote (its error, usually), for the outcome."""
+    if log_path is None:
+        return "(output not kept)"
+    try:
+        with log_path.open("rb") as f:
+            f.seek(max(os.fstat(f.fileno()).st_size - TAIL_BYTES, 0))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "(output unreadable)"
+    return lines[-1][:TAIL_CHARS] if lines else "(no output)"
