@@ -30,6 +30,7 @@ from engine_watchdog.probes.procs import FIX_NOT_FOUND, sample_procs, url_port
 PY_SPY = One(
     Opt("--py-spy", "py_spy", "The py-spy to run [default: on PATH, or beside this Python].", str)
 )
+"""doctor's; the commands that write bundles have it in the CAPTURE group."""
 
 
 def default_steps() -> list[CaptureStep]:
@@ -88,11 +89,10 @@ def engine_options(func: Any) -> Any:
     show_default=True,
     help="Seconds each capture step may take.",
 )
-@PY_SPY
 @JSON
 def capture_command(url: str | None, pids: tuple[int, ...], timeout: float, **kw: Any) -> None:
     """Write a non-destructive incident bundle now and print its path."""
-    capture = replace(CAPTURE.take(kw), step_timeout_s=timeout, py_spy=PY_SPY.take(kw))
+    capture = replace(CAPTURE.take(kw), step_timeout_s=timeout)
     as_json = JSON.take(kw)
     all_consumed(kw)
     if capture.engine_log is not None and not capture.engine_log.is_file():

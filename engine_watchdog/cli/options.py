@@ -153,6 +153,7 @@ CAPTURE = OptionGroup(
         click.Path(dir_okay=False, path_type=Path),
     ),
     Opt("--tar", "tar", "Bundles as .tar.gz."),
+    Opt("--py-spy", "py_spy", "The py-spy to run [default: on PATH, or beside this Python].", str),
 )
 REPORT = OptionGroup(
     ReportSettings,

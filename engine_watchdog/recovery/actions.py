@@ -19,6 +19,7 @@ from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bu
 from engine_watchdog.capture.cuda import ENABLE_VAR, core_dump_enabled
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
+from engine_watchdog.capture.tools import tools_with
 from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
 from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
 from engine_watchdog.engines.profile import EngineProfile
@@ -94,7 +95,12 @@ class EngineActions:
         if destructive:
             capture = replace(capture, step_timeout_s=DESTRUCTIVE_STEP_TIMEOUT_S)
         # The profile's name, not the setting: "--engine auto" is resolved by now.
-        bundle = BundleSettings(capture, engine=self.engine.profile.name, destructive=destructive)
+        bundle = BundleSettings(
+            capture,
+            engine=self.engine.profile.name,
+            destructive=destructive,
+            tools=tools_with(capture.py_spy),
+        )
         timeline = self.engine.recent_records()
         try:
             result = await write_bundle(bundle, verdict, procs, timeline, self.steps(destructive))

@@ -11,11 +11,10 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from engine_watchdog.sim.launcher import free_port
-from tests.tools.run_mode import Watchdogs, sim_engine, starts
+from tests.tools.run_mode import Watchdogs, keep_asking, sim_engine, starts
 from tests.tools.watch import metric
 from tests.waiting import eventually
 
@@ -39,18 +38,6 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=10, check=False)
-
-
-async def keep_asking(port: int) -> None:
-    """One client after the other (a hung engine needs work in flight to be judged stalled)."""
-    body = {"model": "sim-model", "prompt": "x", "max_tokens": 4}
-    async with aiohttp.ClientSession() as s:
-        while True:
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                url = f"http://127.0.0.1:{port}/v1/completions"
-                async with s.post(url, json=body, timeout=aiohttp.ClientTimeout(10)) as r:
-                    await r.read()
-            await asyncio.sleep(0.3)
 
 
 async def test_a_full_disk_costs_the_bundle_not_the_restart(

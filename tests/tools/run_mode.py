@@ -58,6 +58,19 @@ def history(incident_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
+async def keep_asking(port: int) -> None:
+    """One client after the other, forever (a hung engine needs work in flight to be judged
+    stalled); each request bounded. Cancel the task to stop it."""
+    body = {"model": "sim-model", "prompt": "x", "max_tokens": 4}
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    async with aiohttp.ClientSession() as s:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with s.post(url, json=body, timeout=aiohttp.ClientTimeout(10)) as r:
+                    await r.read()
+            await asyncio.sleep(0.3)
+
+
 def listeners(port: int) -> list[int]:
     """PIDs listening on ``port`` now."""
     found = set()
