@@ -1,6 +1,7 @@
 """Write an incident bundle: ``<incident dir>/<UTC time>-<engine>-<cause>/`` (or ``.tar.gz``).
 
-The bundle is built in a hidden sibling directory and renamed into place, so a reader never sees
+The bundle is built in a hidden sibling directory (locked while it is built, so a dead writer's
+is told from a live one's: capture/retention.py) and renamed into place, so a reader never sees
 half a bundle; a write that fails (a full disk) removes the temporary directory and raises
 :class:`BundleError`. Steps run concurrently, each under its own timeout; a failed step is
 recorded in the manifest and the others go on. File I/O of any size runs in threads: the watch
@@ -23,7 +24,7 @@ from typing import Any
 
 from engine_watchdog.capture import evidence
 from engine_watchdog.capture.manifest import cause_of, draft_manifest, finish_manifest
-from engine_watchdog.capture.retention import new_tmp_dir, prune, tar_into_place
+from engine_watchdog.capture.retention import new_tmp_dir, prune, release, tar_into_place
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
 from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
 from engine_watchdog.capture.tools import resolve_tools, write_private
@@ -185,6 +186,8 @@ async def write_bundle(
     except BaseException:
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
         raise
+    finally:
+        release(tmp)  # in place or removed: no longer a temporary anyone builds
     removed = await asyncio.to_thread(
         prune,
         settings.incident_dir,

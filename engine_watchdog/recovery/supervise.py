@@ -3,7 +3,9 @@
 For bare metal and Slurm, where nothing else would restart ``vllm serve``. The engine's output
 goes to the watchdog's stderr and to a log file (the bundle's log tail). An engine that exits
 on its own (vLLM's API server exits once its engine core died) is restarted too, under the same
-rate limit; a restart the supervisor asks for while one is under way is not done twice.
+rate limit; a restart the supervisor asks for while one is under way is not done twice. The
+engine never outlives the watchdog unsupervised: it gets SIGTERM when the watchdog dies, and a
+PID file lets the next watchdog end what did not stop (recovery/orphans.py).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from pathlib import Path
 
 import psutil
 
+from engine_watchdog.capture.pdeathsig import wrap
 from engine_watchdog.core.model import Action, Outcome, Result
 from engine_watchdog.core.settings import RateLimit
 from engine_watchdog.recovery.engine_log import EngineLog, copy_output
 from engine_watchdog.recovery.history import ActionHistory, ActionRecord
+from engine_watchdog.recovery.orphans import remove_stamp, write_stamp
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 15.0
@@ -39,12 +43,15 @@ class ChildEngine:
         target: str,
         rate_limit: RateLimit,
         echo: bool = True,
+        pid_path: Path | None = None,
     ) -> None:
         self.echo = echo
         """Copy the engine's output to our stderr too (the log file always gets it)."""
         self.command = list(command)
         self.log_path = log_path
         self.engine_log = EngineLog(log_path)
+        self.pid_path = pid_path
+        """Names the running engine for a watchdog started after this one dies (orphans.py)."""
         self.history = history
         self.target = target
         self.rate_limit = rate_limit
@@ -58,15 +65,17 @@ class ChildEngine:
         self._output: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        """Start the engine: its own process group, SIGTERM when this watchdog dies."""
         self.proc = await asyncio.create_subprocess_exec(
-            *self.command,
+            *wrap(self.command, signal.SIGTERM),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group: we end all of it, and only it
         )
         self.started_t = time.time()
         log.warning("engine started: pid %d: %s", self.proc.pid, " ".join(self.command))
+        if self.pid_path is not None:
+            await asyncio.to_thread(write_stamp, self.pid_path, self.proc.pid)
         assert self.proc.stdout is not None
         self._output = asyncio.create_task(
             copy_output(self.proc.stdout, self.engine_log, self.echo), name="engine-output"
@@ -128,6 +137,8 @@ class ChildEngine:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._output, OUTPUT_DRAIN_S)
         self.engine_log.close()
+        if self.pid_path is not None:
+            remove_stamp(self.pid_path)
 
     async def _stop(self, hard: bool = False) -> None:
         """End the engine: gracefully on shutdown; ``hard`` (a stuck engine) kills its children

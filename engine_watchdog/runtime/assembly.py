@@ -6,19 +6,25 @@ a supervised child. Nothing here loops: the runner owns the tasks.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import shutil
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from engine_watchdog.capture.retention import remove_abandoned
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.core.model import Action, Outcome, Transition, Verdict
 from engine_watchdog.core.settings import SettingsError, WatchSettings
+from engine_watchdog.probes.procs import url_port
 from engine_watchdog.recovery.actions import EngineActions
 from engine_watchdog.recovery.history import ActionHistory
+from engine_watchdog.recovery.orphans import end_orphan, pid_file
 from engine_watchdog.recovery.supervise import ChildEngine
 from engine_watchdog.report.alertmanager import AlertmanagerReporter
 from engine_watchdog.report.console import transition_json, transition_line
@@ -117,12 +123,15 @@ async def assemble(
         watcher.listeners.append(target.writer.write)
     # One history for both restart paths (the supervisor's and the supervised child's own), so
     # the restart limit is counted in one memory.
+    await _clean_incident_dir(settings.capture.incident_dir)
     write_errors = metrics.history_write_errors.labels(settings.url)
     history = ActionHistory(
         settings.capture.incident_dir / HISTORY_FILE, on_write_error=lambda _: write_errors.inc()
     )
     if command:
         target.child = _child(settings, command, history, echo_engine)
+        if target.child.pid_path is not None:
+            await asyncio.to_thread(end_orphan, target.child.pid_path)
         await target.child.start()
         target.tasks[f"engine-exits:{settings.url}"] = target.child.watch_exits()
     target.supervisor = _supervisor(settings, watcher, metrics, history, target.child)
@@ -141,6 +150,18 @@ async def assemble(
     return target
 
 
+async def _clean_incident_dir(incident_dir: Path) -> None:
+    """What a watchdog killed mid-capture left: temporary bundles no live writer holds."""
+    removed = await asyncio.to_thread(remove_abandoned, incident_dir)
+    if removed:
+        log.warning(
+            "removed %d temporary bundle(s) in %s left by a watchdog that died mid-capture: %s",
+            len(removed),
+            incident_dir,
+            ", ".join(removed),
+        )
+
+
 def _add_events(target: Target, where: str, session: aiohttp.ClientSession) -> None:
     try:
         pod = pod_from_env(None if where == "in-cluster" else where)
@@ -156,8 +177,16 @@ def _add_events(target: Target, where: str, session: aiohttp.ClientSession) -> N
 def _child(
     settings: WatchSettings, command: list[str], history: ActionHistory, echo: bool
 ) -> ChildEngine:
-    log_path = settings.capture.engine_log or settings.capture.incident_dir / "engine.log"
-    return ChildEngine(command, log_path, history, settings.url, settings.policy.rate_limit, echo)
+    if shutil.which(command[0]) is None:
+        raise SettingsError(
+            f"the engine command {command[0]!r} is not an executable program: check what "
+            "follows -- (a path, or a name on PATH)"
+        )
+    capture = settings.capture
+    log_path = capture.engine_log or capture.incident_dir / "engine.log"
+    pid_path = pid_file(capture.incident_dir, url_port(settings.url))
+    limit = settings.policy.rate_limit
+    return ChildEngine(command, log_path, history, settings.url, limit, echo, pid_path)
 
 
 def _supervisor(

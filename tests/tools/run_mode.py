@@ -90,8 +90,8 @@ class Watchdog:
     def log(self) -> str:
         return self.stderr_path.read_text(errors="replace")
 
-    async def next_state(self, state: str, timeout: float) -> dict[str, Any]:
-        """Read JSON transition lines until one enters ``state``."""
+    async def next_state(self, state: str | None, timeout: float) -> dict[str, Any]:
+        """Read JSON transition lines until one enters ``state`` (None: any)."""
         assert self.proc.stdout is not None
         try:
             async with asyncio.timeout(timeout):
@@ -100,10 +100,13 @@ class Watchdog:
                     assert line, f"the watchdog exited:\n{self.log()[-3000:]}"
                     doc: dict[str, Any] = json.loads(line)
                     self.lines.append(doc)
-                    if doc["state"] == state:
+                    if state in (None, doc["state"]):
                         return doc
         except TimeoutError:
-            raise AssertionError(f"no {state!r} in {timeout} s:\n{self.log()[-3000:]}") from None
+            seen = [(d["state"], d.get("cause")) for d in self.lines[-5:]]
+            raise AssertionError(
+                f"no {state!r} in {timeout} s (last: {seen}):\n{self.log()[-3000:]}"
+            ) from None
 
     async def metrics(self) -> str:
         bound = aiohttp.ClientTimeout(total=5)
