@@ -137,6 +137,13 @@ RECOVERY = OptionGroup(
         convert=lambda text: tuple(shlex.split(text)),
         default="",
     ),
+    Opt(
+        "--engine-uid",
+        "engine_uid",
+        "The engine's UID: only its processes are killed or taken as --pid [default: the "
+        "watchdog's own].",
+        click.IntRange(min=0),
+    ),
 )
 CAPTURE = OptionGroup(
     CaptureSettings,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -25,7 +26,12 @@ from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.http import get_json
 from engine_watchdog.recovery.abort import abort_requests
-from engine_watchdog.recovery.restart import RESTART_LOG, kill_engine_core, run_restart_command
+from engine_watchdog.recovery.restart import (
+    RESTART_LOG,
+    Owner,
+    kill_engine_core,
+    run_restart_command,
+)
 
 log = logging.getLogger(__name__)
 StepsFactory = Callable[[bool], Sequence[CaptureStep]]
@@ -127,7 +133,11 @@ class EngineActions:
             )
         else:
             procs = await self.engine.find_procs()
-            done = await asyncio.to_thread(kill_engine_core, procs, stalled_since)
+            uid = self.recovery.engine_uid
+            owner = Owner(
+                os.getuid() if uid is None else uid, self.engine.profile.launcher_cmdline_markers
+            )
+            done = await asyncio.to_thread(kill_engine_core, procs, stalled_since, owner)
         if done.result == Result.OK:  # what follows is a start-up we caused, not a death
             # Supervise mode's restarter has started the next engine before it returns.
             replaced = self.restarter is not None

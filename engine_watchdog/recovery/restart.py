@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -40,8 +41,36 @@ def _same_process(p: ProcInfo, started_before: float) -> psutil.Process | None:
     return proc if same and created < started_before else None
 
 
-def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Outcome:
-    """SIGKILL every engine-core process (blocking; call it through asyncio.to_thread)."""
+@dataclass(frozen=True)
+class Owner:
+    """Whose processes a restart may kill: the engine's UID, and its process tree."""
+
+    uid: int
+    """Only processes of this UID (the watchdog's own unless --engine-uid says otherwise)."""
+    launcher_markers: tuple[str, ...] = ()
+    """The profile's launcher command lines (TGI: shards are children of the launcher)."""
+
+
+def _not_ours(proc: psutil.Process, procs: Sequence[ProcInfo], owner: Owner) -> str | None:
+    """Why ``proc`` is not the watched engine's to kill, or None when it is."""
+    try:
+        uid, parent = proc.uids().real, proc.parent()
+        parent_cmd = " ".join(parent.cmdline()) if parent is not None else ""
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "gone"
+    if uid != owner.uid:
+        return f"UID {uid}, not {owner.uid}: pass --engine-uid {uid} if it is the engine's user"
+    found = {p.pid for p in procs}
+    if not any(p.role == "api-server" for p in procs) or (parent and parent.pid in found):
+        return None  # in the engine's tree (or no server known to hold a tree: --pid, titles)
+    if parent_cmd and any(m in parent_cmd for m in owner.launcher_markers):
+        return None  # started by the engine's own launcher, beside its server
+    return "an orphan outside the engine's process tree (another engine's?)"
+
+
+def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float, owner: Owner) -> Outcome:
+    """SIGKILL every engine-core process that is the watched engine's: older than the stall,
+    of the engine's UID, in its process tree (blocking; call it through asyncio.to_thread)."""
     cores = [p for p in procs if p.role == "engine-core" and p.state not in ("gone", "zombie")]
     if not cores:
         return Outcome(
@@ -52,8 +81,9 @@ def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Outcome
     killed, failed = [], []
     for p in cores:
         proc = _same_process(p, stalled_since)
-        if proc is None:
-            failed.append(f"{p.pid} (gone, or newer than the stall: not the stuck engine)")
+        why = "gone, or newer than the stall" if proc is None else _not_ours(proc, procs, owner)
+        if proc is None or why is not None:
+            failed.append(f"{p.pid} ({why}: not killed)")
             continue
         try:
             proc.send_signal(signal.SIGKILL)
@@ -62,7 +92,10 @@ def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Outcome
             failed.append(f"{p.pid} ({type(exc).__name__})")
     if not killed:
         return Outcome(Result.FAILED, "could not kill the engine core: " + ", ".join(failed))
-    return Outcome(Result.OK, f"SIGKILL sent to engine core {killed}; its supervisor restarts it")
+    spared = f"; spared {', '.join(failed)}" if failed else ""
+    return Outcome(
+        Result.OK, f"SIGKILL sent to engine core {killed}; its supervisor restarts it{spared}"
+    )
 
 
 async def run_restart_command(

@@ -30,6 +30,7 @@ from engine_watchdog.report.alertmanager import AlertmanagerReporter
 from engine_watchdog.report.console import transition_json, transition_line
 from engine_watchdog.report.k8s_events import EventsReporter, pod_from_env
 from engine_watchdog.report.metrics import WatchdogMetrics
+from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.supervisor import Supervisor
 from engine_watchdog.runtime.trace import TraceWriter
 from engine_watchdog.runtime.watcher import Reporter, Watcher
@@ -115,6 +116,7 @@ async def assemble(
     command: list[str] | None = None,
     echo_engine: bool = True,
 ) -> Target:
+    await asyncio.to_thread(check_pids, settings)
     watcher = Watcher(settings, session)
     target = Target(settings, watcher, [ConsoleReporter(settings.as_json, out)])
     target.reporters.append(MetricsReporter(metrics, watcher))
