@@ -74,12 +74,12 @@ class ChildEngine:
         )
         self.started_t = time.time()
         log.warning("engine started: pid %d: %s", self.proc.pid, " ".join(self.command))
-        if self.pid_path is not None:
-            await asyncio.to_thread(write_stamp, self.pid_path, self.proc.pid)
         assert self.proc.stdout is not None
         self._output = asyncio.create_task(
             copy_output(self.proc.stdout, self.engine_log, self.echo), name="engine-output"
         )
+        if self.pid_path is not None:
+            await asyncio.to_thread(write_stamp, self.pid_path, self.proc.pid)
         self._started.set()
 
     async def restart(self, stalled_since: float) -> Outcome:

@@ -27,8 +27,9 @@ def left_running() -> Iterator[list[int]]:
     pids: list[int] = []
     yield pids
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+        if pid > 1 and pid != os.getpgrp():  # never our own group, never "every process"
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def pid_in(path: Path) -> int | None:
@@ -52,7 +53,9 @@ async def test_a_command_that_backgrounds_its_engine_succeeds_and_the_engine_ser
     command = ["sh", "-c", f"{engine} & echo $! > {pidfile}; echo started"]
     started = time.monotonic()
     done = await run_restart_command(command, 8.0, tmp_path / "restart-command.log")
-    left_running.append(os.getpgid(pid_in(pidfile) or 0) if pid_in(pidfile) else 0)
+    engine = pid_in(pidfile)
+    if engine is not None:
+        left_running.append(os.getpgid(engine))
     assert done.result == Result.OK, done
     assert time.monotonic() - started < 5
     await eventually(lambda: _healthy(port), 30, 0.2, what="the backgrounded engine serving")

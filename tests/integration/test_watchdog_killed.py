@@ -51,7 +51,9 @@ async def test_after_kill_9_of_run_exactly_one_engine_serves(tmp_path: Path, orp
         old = dogs.remember(first)
         assert old and listeners(port) and set(listeners(port)) <= {p.pid for p in old}
         if orphan == "stopped":  # a hung engine: deaf to everything but SIGKILL and SIGCONT
-            os.killpg(old[0].pid, signal.SIGSTOP)
+            group = os.getpgid(old[0].pid)  # the engine's own (supervise mode starts a session)
+            assert group not in (os.getpgrp(), first.proc.pid)
+            os.killpg(group, signal.SIGSTOP)
         first.proc.send_signal(signal.SIGKILL)
         await first.proc.wait()
         second = await dogs.start("run", url, *args, name="second")
