@@ -19,6 +19,7 @@ EXPECTED_ALERTS = {
     "WatchdogDown",
     "WatchdogCannotProbe",
     "RepeatedIncidents",
+    "WatchdogHistoryUnwritable",
     "VLLMNoProgressWithRequestsRunning",
     "VLLMAdmissionStall",
     "VLLMKVCacheSaturatedPreemptionStorm",
