@@ -48,9 +48,9 @@ async def test_a_command_that_backgrounds_its_engine_succeeds_and_the_engine_ser
     tmp_path: Path, left_running: list[int]
 ) -> None:
     port, pidfile = free_port(), tmp_path / "engine.pid"
-    engine = f"{sys.executable} -m engine_watchdog.sim --port {port}"
+    sim = f"{sys.executable} -m engine_watchdog.sim --port {port}"
     # The engine inherits the command's stdout: waiting for that to close waits for the engine.
-    command = ["sh", "-c", f"{engine} & echo $! > {pidfile}; echo started"]
+    command = ["sh", "-c", f"{sim} & echo $! > {pidfile}; echo started"]
     started = time.monotonic()
     done = await run_restart_command(command, 8.0, tmp_path / "restart-command.log")
     engine = pid_in(pidfile)
