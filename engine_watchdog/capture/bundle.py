@@ -188,14 +188,12 @@ async def write_bundle(
         raise
     finally:
         release(tmp)  # in place or removed: no longer a temporary anyone builds
-    removed = await asyncio.to_thread(
-        prune,
-        settings.incident_dir,
-        settings.capture.keep_count,
-        settings.capture.keep_bytes,
-        final.name,
-    )
+    removed = await asyncio.to_thread(_prune, settings, final)
     return BundleResult(final, manifest, tuple(results), time.monotonic() - t0, tuple(removed))
+
+
+def _prune(s: BundleSettings, final: Path) -> list[str]:
+    return prune(s.incident_dir, s.capture.keep_count, s.capture.keep_bytes, final.name)
 
 
 def _make_tmp(incident_dir: Path, name: str) -> Path:

@@ -125,16 +125,9 @@ async def assemble(
         watcher.listeners.append(target.writer.write)
     # One history for both restart paths (the supervisor's and the supervised child's own), so
     # the restart limit is counted in one memory.
-    await _clean_incident_dir(settings.capture.incident_dir)
-    write_errors = metrics.history_write_errors.labels(settings.url)
-    history = ActionHistory(
-        settings.capture.incident_dir / HISTORY_FILE, on_write_error=lambda _: write_errors.inc()
-    )
+    history = await _history(settings, metrics)
     if command:
-        target.child = _child(settings, command, history, echo_engine)
-        if target.child.pid_path is not None:
-            await asyncio.to_thread(end_orphan, target.child.pid_path)
-        await target.child.start()
+        target.child = await _start_child(settings, command, history, echo_engine)
         target.tasks[f"engine-exits:{settings.url}"] = target.child.watch_exits()
     target.supervisor = _supervisor(settings, watcher, metrics, history, target.child)
     if target.supervisor:
@@ -150,6 +143,26 @@ async def assemble(
             target.supervisor.listeners.append(pusher.on_action)
         target.tasks[f"alertmanager:{settings.url}"] = pusher.run()
     return target
+
+
+async def _history(settings: WatchSettings, metrics: WatchdogMetrics) -> ActionHistory:
+    """The action history, once what a killed watchdog left in the incident dir is gone."""
+    await _clean_incident_dir(settings.capture.incident_dir)
+    write_errors = metrics.history_write_errors.labels(settings.url)
+    return ActionHistory(
+        settings.capture.incident_dir / HISTORY_FILE, on_write_error=lambda _: write_errors.inc()
+    )
+
+
+async def _start_child(
+    settings: WatchSettings, command: list[str], history: ActionHistory, echo: bool
+) -> ChildEngine:
+    """Supervise mode's engine, started once an engine orphaned by an earlier watchdog is gone."""
+    child = _child(settings, command, history, echo)
+    if child.pid_path is not None:
+        await asyncio.to_thread(end_orphan, child.pid_path)
+    await child.start()
+    return child
 
 
 async def _clean_incident_dir(incident_dir: Path) -> None:
