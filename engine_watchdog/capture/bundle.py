@@ -1,6 +1,7 @@
 """Write an incident bundle: ``<incident dir>/<UTC time>-<engine>-<cause>/`` (or ``.tar.gz``).
 
-The bundle is built in a hidden sibling directory and renamed into place, so a reader never sees
+The bundle is built in a hidden sibling directory (locked while it is built, so a dead writer's
+is told from a live one's: capture/retention.py) and renamed into place, so a reader never sees
 half a bundle; a write that fails (a full disk) removes the temporary directory and raises
 :class:`BundleError`. Steps run concurrently, each under its own timeout; a failed step is
 recorded in the manifest and the others go on. File I/O of any size runs in threads: the watch
@@ -24,7 +25,7 @@ from typing import Any
 from engine_watchdog.capture import evidence
 from engine_watchdog.capture.known_hangs import KnownHangs, known_hangs
 from engine_watchdog.capture.manifest import cause_of, draft_manifest, finish_manifest
-from engine_watchdog.capture.retention import new_tmp_dir, prune, tar_into_place
+from engine_watchdog.capture.retention import new_tmp_dir, prune, release, tar_into_place
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
 from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
 from engine_watchdog.capture.tools import resolve_tools, write_private
@@ -198,16 +199,16 @@ async def write_bundle(
     except BaseException:
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, tmp, True))
         raise
-    removed = await asyncio.to_thread(
-        prune,
-        settings.incident_dir,
-        settings.capture.keep_count,
-        settings.capture.keep_bytes,
-        final.name,
-    )
+    finally:
+        release(tmp)  # in place or removed: no longer a temporary anyone builds
+    removed = await asyncio.to_thread(_prune, settings, final)
     return BundleResult(
         final, manifest, tuple(results), time.monotonic() - t0, tuple(removed), hangs.top
     )
+
+
+def _prune(s: BundleSettings, final: Path) -> list[str]:
+    return prune(s.incident_dir, s.capture.keep_count, s.capture.keep_bytes, final.name)
 
 
 def _make_tmp(incident_dir: Path, name: str) -> Path:

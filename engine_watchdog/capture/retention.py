@@ -1,7 +1,16 @@
-"""Bundle placement on disk: hidden temporary directories, tarballs, retention. Blocking."""
+"""Bundle placement on disk: hidden temporary directories, tarballs, retention. Blocking.
+
+A bundle is built in a hidden ``.tmp-*`` entry that its writer holds an ``flock`` on from the
+moment it has that name (it is created as ``.new-*``, locked, then renamed), so a temporary
+entry nobody holds is one whose writer died (``kill -9`` mid-capture): :func:`remove_abandoned`
+removes those, at start and after every bundle, and never one a live writer (this process or
+another watchdog sharing the directory) still builds. The kernel drops a dead writer's locks.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import secrets
@@ -13,27 +22,53 @@ from pathlib import Path
 from engine_watchdog.capture.tools import make_private_dirs
 
 TMP_PREFIX = ".tmp-"
+NEW_PREFIX = ".new-"
 # Bundles are "<YYYYmmddTHHMMSSZ>-<engine>-<cause>[-n]" directories or the same + ".tar.gz".
 BUNDLE_RE = re.compile(r"^\d{8}T\d{6}Z-[a-z0-9-]+(\.tar\.gz)?$")
-STALE_TMP_S = 3600.0
+STALE_NEW_S = 3600.0
+"""A ``.new-*`` entry lives for microseconds; one this old was left by a writer killed then."""
+_held: dict[str, int] = {}
+"""Temporary entry -> the descriptor holding its lock (this process's writers)."""
 
 
 def new_tmp_dir(incident_dir: Path, name: str) -> Path:
     """A fresh 0700 directory next to where the bundle will land (same file system: the final
-    rename is atomic). Hidden, so readers and retention skip it."""
+    rename is atomic), locked until :func:`release`. Hidden, so readers and retention skip it."""
     make_private_dirs(incident_dir)
-    tmp = incident_dir / f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}"
-    tmp.mkdir(mode=0o700)
-    os.chmod(tmp, 0o700)
+    token = secrets.token_hex(4)
+    staging = incident_dir / f"{NEW_PREFIX}{token}"
+    staging.mkdir(mode=0o700)
+    os.chmod(staging, 0o700)
+    return _lock_and_name(staging, incident_dir / f"{TMP_PREFIX}{name}-{token}")
+
+
+def _lock_and_name(staging: Path, tmp: Path) -> Path:
+    fd = os.open(staging, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(staging, tmp)
+    except OSError:
+        os.close(fd)
+        raise
+    _held[str(tmp)] = fd
     return tmp
+
+
+def release(tmp: Path) -> None:
+    """The writer is done with ``tmp`` (renamed into place or removed): drop its lock."""
+    fd = _held.pop(str(tmp), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def tar_into_place(tmp: Path, incident_dir: Path, name: str) -> Path:
     """Pack ``tmp`` as ``<name>.tar.gz`` (top folder ``name``), rename it into place, drop tmp."""
-    part = incident_dir / f"{TMP_PREFIX}{name}-{secrets.token_hex(4)}.tar.gz"
+    token = secrets.token_hex(4)
+    staging = incident_dir / f"{NEW_PREFIX}{token}.tar.gz"
+    os.close(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    part = _lock_and_name(staging, incident_dir / f"{TMP_PREFIX}{name}-{token}.tar.gz")
     try:
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        with part.open("r+b") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
             tar.add(tmp, arcname=name)
             tar.close()
             raw.flush()
@@ -47,8 +82,41 @@ def tar_into_place(tmp: Path, incident_dir: Path, name: str) -> Path:
     except BaseException:
         part.unlink(missing_ok=True)
         raise
+    finally:
+        release(part)
     shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def remove_abandoned(incident_dir: Path) -> list[str]:
+    """Remove the temporary entries no live writer holds; their names."""
+    try:
+        entries = [p for p in incident_dir.iterdir() if p.name.startswith((TMP_PREFIX, NEW_PREFIX))]
+    except OSError:
+        return []
+    return [p.name for p in entries if _remove_if_abandoned(p)]
+
+
+def _remove_if_abandoned(path: Path) -> bool:
+    try:
+        if path.name.startswith(NEW_PREFIX):
+            if time.time() - path.lstat().st_mtime < STALE_NEW_S:
+                return False
+            _remove(path)
+            return True
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by a live writer: not ours to take
+    except OSError:
+        return False
+    else:
+        _remove(path)
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _size(path: Path) -> int:
@@ -66,13 +134,11 @@ def _remove(path: Path) -> None:
 
 def prune(incident_dir: Path, keep_count: int, keep_bytes: int, keep: str) -> list[str]:
     """Remove the oldest bundles beyond ``keep_count`` or ``keep_bytes`` in total; ``keep`` (the
-    bundle just written) always stays. Also removes temporary leftovers of a crashed writer."""
+    bundle just written) always stays. Also removes temporary leftovers of a dead writer."""
     removed: list[str] = []
+    remove_abandoned(incident_dir)
     try:
         entries = sorted(p for p in incident_dir.iterdir() if BUNDLE_RE.match(p.name))
-        for p in incident_dir.iterdir():
-            if p.name.startswith(TMP_PREFIX) and time.time() - p.stat().st_mtime > STALE_TMP_S:
-                _remove(p)
     except OSError:
         return removed
     sizes = {p: _size(p) for p in entries}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -16,6 +17,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine_watchdog.capture.pdeathsig import wrap
 
 TOOL_NAMES = ("py-spy", "cuda-gdb")
 
@@ -68,13 +71,17 @@ class Completed:
 
 
 async def run_bounded(argv: Sequence[str], timeout_s: float) -> Completed:
-    """Run ``argv`` with a wall-clock bound; kill its process group on timeout or cancellation.
+    """Run ``argv`` with a wall-clock bound; kill its process group on timeout or cancellation,
+    and let the kernel kill it when the watchdog dies (capture/pdeathsig.py): a py-spy left
+    attached to the engine by a killed watchdog must not run on.
 
     Raises OSError when the program cannot be started (missing, not executable).
     """
     t0 = time.monotonic()
+    if shutil.which(argv[0]) is None:  # said here: the wrapper would only exit 127
+        raise FileNotFoundError(errno.ENOENT, "not an executable program", argv[0])
     proc = await asyncio.create_subprocess_exec(
-        *argv,
+        *wrap(argv, signal.SIGKILL),  # dies with the watchdog, even of a SIGKILL
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -20,17 +20,16 @@ from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.capture.tools import tools_with
 from engine_watchdog.cli.errors import EXIT_CANTCREAT, CliError
-from engine_watchdog.cli.option_group import One, Opt, all_consumed
-from engine_watchdog.cli.options import CAPTURE, JSON
+from engine_watchdog.cli.option_group import One, all_consumed
+from engine_watchdog.cli.options import CAPTURE, JSON, PY_SPY_OPT
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.redact import redact_url
 from engine_watchdog.engines import VLLM
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import FIX_NOT_FOUND, sample_procs, url_port
 
-PY_SPY = One(
-    Opt("--py-spy", "py_spy", "The py-spy to run [default: on PATH, or beside this Python].", str)
-)
+PY_SPY = One(PY_SPY_OPT)
+"""doctor's; the commands that write bundles have it in the CAPTURE group."""
 
 
 def default_steps() -> list[CaptureStep]:
@@ -89,12 +88,11 @@ def engine_options(func: Any) -> Any:
     show_default=True,
     help="Seconds each capture step may take.",
 )
-@PY_SPY
 @JSON
 def capture_command(url: str | None, pids: tuple[int, ...], timeout: float, **kw: Any) -> None:
     """Write a non-destructive incident bundle now and print its path."""
     url = redact_url(url) if url else None  # only its port is used: its credentials never are
-    capture = replace(CAPTURE.take(kw), step_timeout_s=timeout, py_spy=PY_SPY.take(kw))
+    capture = replace(CAPTURE.take(kw), step_timeout_s=timeout)
     as_json = JSON.take(kw)
     all_consumed(kw)
     if capture.engine_log is not None and not capture.engine_log.is_file():

@@ -191,6 +191,16 @@ RECOVERY = OptionGroup(
         convert=lambda text: tuple(shlex.split(text)),
         default="",
     ),
+    Opt(
+        "--engine-uid",
+        "engine_uid",
+        "The engine's UID: only its processes are killed or taken as --pid [default: the "
+        "watchdog's own].",
+        click.IntRange(min=0),
+    ),
+)
+PY_SPY_OPT = Opt(
+    "--py-spy", "py_spy", "The py-spy to run [default: on PATH, or beside this Python].", str
 )
 CAPTURE = OptionGroup(
     CaptureSettings,
@@ -214,6 +224,7 @@ CAPTURE = OptionGroup(
         click.Path(dir_okay=False, path_type=Path),
         convert=checked_signatures,
     ),
+    PY_SPY_OPT,
 )
 REPORT = OptionGroup(
     ReportSettings,

@@ -135,6 +135,9 @@ class RecoverySettings:
     """Restart the engine with this command (no shell) instead of killing its engine core."""
     restart_timeout_s: float = 120.0
     """Bound for the restart command."""
+    engine_uid: int | None = None
+    """The UID the engine runs as: the watchdog kills, and accepts as ``--pid``, only processes
+    of this UID. None: the watchdog's own (a root sidecar beside a non-root engine sets it)."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -19,12 +20,18 @@ from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bu
 from engine_watchdog.capture.cuda import ENABLE_VAR, core_dump_enabled
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
+from engine_watchdog.capture.tools import tools_with
 from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
 from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.http import get_json
 from engine_watchdog.recovery.abort import abort_requests
-from engine_watchdog.recovery.restart import kill_engine_core, run_restart_command
+from engine_watchdog.recovery.restart import (
+    RESTART_LOG,
+    Owner,
+    kill_engine_core,
+    run_restart_command,
+)
 
 log = logging.getLogger(__name__)
 StepsFactory = Callable[[bool], Sequence[CaptureStep]]
@@ -98,7 +105,12 @@ class EngineActions:
         if destructive:
             capture = replace(capture, step_timeout_s=DESTRUCTIVE_STEP_TIMEOUT_S)
         # The profile's name, not the setting: "--engine auto" is resolved by now.
-        bundle = BundleSettings(capture, engine=self.engine.profile.name, destructive=destructive)
+        bundle = BundleSettings(
+            capture,
+            engine=self.engine.profile.name,
+            destructive=destructive,
+            tools=tools_with(capture.py_spy),
+        )
         timeline = self.engine.recent_records()
         try:
             result = await write_bundle(bundle, verdict, procs, timeline, self.steps(destructive))
@@ -123,11 +135,17 @@ class EngineActions:
             done = await self.restarter(stalled_since)
         elif self.recovery.restart_command:
             done = await run_restart_command(
-                self.recovery.restart_command, self.recovery.restart_timeout_s
+                self.recovery.restart_command,
+                self.recovery.restart_timeout_s,
+                self.capture_settings.incident_dir / RESTART_LOG,
             )
         else:
             procs = await self.engine.find_procs()
-            done = await asyncio.to_thread(kill_engine_core, procs, stalled_since)
+            uid = self.recovery.engine_uid
+            owner = Owner(
+                os.getuid() if uid is None else uid, self.engine.profile.launcher_cmdline_markers
+            )
+            done = await asyncio.to_thread(kill_engine_core, procs, stalled_since, owner)
         if done.result == Result.OK:  # what follows is a start-up we caused, not a death
             # Supervise mode's restarter has started the next engine before it returns.
             replaced = self.restarter is not None

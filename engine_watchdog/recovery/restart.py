@@ -8,16 +8,25 @@ operator gives a ``--restart-command``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
+from engine_watchdog.capture.tools import make_private_dirs
 from engine_watchdog.core.model import Outcome, ProcInfo, Result
 
 log = logging.getLogger(__name__)
+KILL_WAIT_S = 10.0
+TAIL_BYTES = 4096
+TAIL_CHARS = 300
+RESTART_LOG = "restart-command.log"
+"""In the incident directory: the last restart command's output."""
 
 
 def _same_process(p: ProcInfo, started_before: float) -> psutil.Process | None:
@@ -33,8 +42,36 @@ def _same_process(p: ProcInfo, started_before: float) -> psutil.Process | None:
     return proc if same and created < started_before else None
 
 
-def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Outcome:
-    """SIGKILL every engine-core process (blocking; call it through asyncio.to_thread)."""
+@dataclass(frozen=True)
+class Owner:
+    """Whose processes a restart may kill: the engine's UID, and its process tree."""
+
+    uid: int
+    """Only processes of this UID (the watchdog's own unless --engine-uid says otherwise)."""
+    launcher_markers: tuple[str, ...] = ()
+    """The profile's launcher command lines (TGI: shards are children of the launcher)."""
+
+
+def _not_ours(proc: psutil.Process, procs: Sequence[ProcInfo], owner: Owner) -> str | None:
+    """Why ``proc`` is not the watched engine's to kill, or None when it is."""
+    try:
+        uid, parent = proc.uids().real, proc.parent()
+        parent_cmd = " ".join(parent.cmdline()) if parent is not None else ""
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "gone"
+    if uid != owner.uid:
+        return f"UID {uid}, not {owner.uid}: pass --engine-uid {uid} if it is the engine's user"
+    found = {p.pid for p in procs}
+    if not any(p.role == "api-server" for p in procs) or (parent and parent.pid in found):
+        return None  # in the engine's tree (or no server known to hold a tree: --pid, titles)
+    if parent_cmd and any(m in parent_cmd for m in owner.launcher_markers):
+        return None  # started by the engine's own launcher, beside its server
+    return "an orphan outside the engine's process tree (another engine's?)"
+
+
+def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float, owner: Owner) -> Outcome:
+    """SIGKILL every engine-core process that is the watched engine's: older than the stall,
+    of the engine's UID, in its process tree (blocking; call it through asyncio.to_thread)."""
     cores = [p for p in procs if p.role == "engine-core" and p.state not in ("gone", "zombie")]
     if not cores:
         return Outcome(
@@ -45,8 +82,9 @@ def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Outcome
     killed, failed = [], []
     for p in cores:
         proc = _same_process(p, stalled_since)
-        if proc is None:
-            failed.append(f"{p.pid} (gone, or newer than the stall: not the stuck engine)")
+        why = "gone, or newer than the stall" if proc is None else _not_ours(proc, procs, owner)
+        if proc is None or why is not None:
+            failed.append(f"{p.pid} ({why}: not killed)")
             continue
         try:
             proc.send_signal(signal.SIGKILL)
@@ -55,27 +93,71 @@ def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float) -> Outcome
             failed.append(f"{p.pid} ({type(exc).__name__})")
     if not killed:
         return Outcome(Result.FAILED, "could not kill the engine core: " + ", ".join(failed))
-    return Outcome(Result.OK, f"SIGKILL sent to engine core {killed}; its supervisor restarts it")
+    spared = f"; spared {', '.join(failed)}" if failed else ""
+    return Outcome(
+        Result.OK, f"SIGKILL sent to engine core {killed}; its supervisor restarts it{spared}"
+    )
 
 
-async def run_restart_command(command: Sequence[str], timeout_s: float) -> Outcome:
-    """Run the operator's restart command (no shell), bounded in time."""
+async def run_restart_command(
+    command: Sequence[str], timeout_s: float, log_path: Path | None = None
+) -> Outcome:
+    """Run the operator's restart command (no shell), bounded in time.
+
+    The command itself is waited for, never what it leaves running: a command that starts the
+    engine in the background (``&``, ``setsid``, a daemon) has done its job when it exits. Its
+    output goes to ``log_path`` (emptied first), not to a pipe: a child left running holds its
+    copy of the command's stdout, so waiting for a pipe to close waits for the engine, and a
+    pipe no one reads any more kills a writer with SIGPIPE. Past ``timeout_s`` the command's own
+    process group is killed; what it detached (a new session) is not in it.
+    """
+    out = _open_output(log_path)
     try:
         proc = await asyncio.create_subprocess_exec(
             *command,
-            stdout=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
     except OSError as exc:
         return Outcome(Result.FAILED, f"--restart-command could not start: {exc}")
+    finally:
+        if out != asyncio.subprocess.DEVNULL:
+            os.close(out)  # the command has its own copy
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+        rc = await asyncio.wait_for(proc.wait(), timeout_s)
     except asyncio.TimeoutError:
-        os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
         return Outcome(Result.FAILED, f"--restart-command ran past {timeout_s:.0f} s; killed")
-    tail = out.decode(errors="replace").strip().splitlines()[-1:] if out else []
-    if proc.returncode != 0:
-        return Outcome(Result.FAILED, f"--restart-command exited {proc.returncode}: {tail}")
+    if rc != 0:
+        return Outcome(Result.FAILED, f"--restart-command exited {rc}: {_last_line(log_path)}")
     return Outcome(Result.OK, "--restart-command succeeded")
+
+
+def _open_output(log_path: Path | None) -> int:
+    """A descriptor for the command's output: ``log_path`` emptied, else /dev/null."""
+    if log_path is None:
+        return asyncio.subprocess.DEVNULL
+    try:
+        make_private_dirs(log_path.parent)
+        return os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+    except OSError as exc:  # a full or read-only disk must not stop the restart
+        log.warning("--restart-command output not kept: cannot write %s (%s)", log_path, exc)
+        return asyncio.subprocess.DEVNULL
+
+
+def _last_line(log_path: Path | None) -> str:
+    """The last line the command wrote (its error, usually), for the outcome."""
+    if log_path is None:
+        return "(output not kept)"
+    try:
+        with log_path.open("rb") as f:
+            f.seek(max(os.fstat(f.fileno()).st_size - TAIL_BYTES, 0))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "(output unreadable)"
+    return lines[-1][:TAIL_CHARS] if lines else "(no output)"

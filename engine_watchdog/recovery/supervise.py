@@ -4,7 +4,9 @@ For bare metal and Slurm, where nothing else would restart ``vllm serve``. The e
 goes to the watchdog's stderr and to a private log file (the bundle's log tail), the secrets of
 its command line and of the environment it inherits masked (core/redact.py). An engine that exits
 on its own (vLLM's API server exits once its engine core died) is restarted too, under the same
-rate limit; a restart the supervisor asks for while one is under way is not done twice.
+rate limit; a restart the supervisor asks for while one is under way is not done twice. The
+engine never outlives the watchdog unsupervised: it gets SIGTERM when the watchdog dies, and a
+PID file lets the next watchdog end what did not stop (recovery/orphans.py).
 """
 
 from __future__ import annotations
@@ -14,22 +16,25 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
 
-from engine_watchdog.capture.tools import make_private_dirs, open_private_append
+from engine_watchdog.capture.pdeathsig import wrap
+from engine_watchdog.capture.tools import make_private_dirs
 from engine_watchdog.core.model import Action, Outcome, Result
 from engine_watchdog.core.redact import Masker, redact_argv, secret_values
 from engine_watchdog.core.settings import RateLimit
+from engine_watchdog.recovery.engine_log import EngineLog, copy_output
 from engine_watchdog.recovery.history import ActionHistory, ActionRecord
+from engine_watchdog.recovery.orphans import remove_stamp, write_stamp
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 15.0
-LOG_MAX_BYTES = 64 << 20
+OUTPUT_DRAIN_S = 5.0
+"""After the engine ended: how long its last output may take to reach the log."""
 
 
 class ChildEngine:
@@ -41,6 +46,7 @@ class ChildEngine:
         target: str,
         rate_limit: RateLimit,
         echo: bool = True,
+        pid_path: Path | None = None,
     ) -> None:
         self.echo = echo
         """Copy the engine's output to our stderr too (the log file always gets it)."""
@@ -49,6 +55,9 @@ class ChildEngine:
         """The command as logs show it: its secrets redacted, once, here where it enters."""
         self._masker = Masker(secret_values(command, os.environ))
         self.log_path = log_path
+        self.engine_log = EngineLog(log_path)
+        self.pid_path = pid_path
+        """Names the running engine for a watchdog started after this one dies (orphans.py)."""
         self.history = history
         self.target = target
         self.rate_limit = rate_limit
@@ -62,16 +71,23 @@ class ChildEngine:
         self._output: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        """Start the engine: its own process group, SIGTERM when this watchdog dies."""
         make_private_dirs(self.log_path.parent)
         self.proc = await asyncio.create_subprocess_exec(
-            *self.command,
+            *wrap(self.command, signal.SIGTERM),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group: we end all of it, and only it
         )
         self.started_t = time.time()
         log.warning("engine started: pid %d: %s", self.proc.pid, self.shown)
-        self._output = asyncio.create_task(self._copy_output(self.proc), name="engine-output")
+        assert self.proc.stdout is not None
+        self._output = asyncio.create_task(
+            copy_output(self.proc.stdout, self.engine_log, self.echo, self._masker.data),
+            name="engine-output",
+        )
+        if self.pid_path is not None:
+            await asyncio.to_thread(write_stamp, self.pid_path, self.proc.pid)
         self._started.set()
 
     async def restart(self, stalled_since: float) -> Outcome:
@@ -125,6 +141,12 @@ class ChildEngine:
         self._stopping = True
         async with self._lock:
             await self._stop()
+        if self._output is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._output, OUTPUT_DRAIN_S)
+        self.engine_log.close()
+        if self.pid_path is not None:
+            remove_stamp(self.pid_path)
 
     async def _stop(self, hard: bool = False) -> None:
         """End the engine: gracefully on shutdown; ``hard`` (a stuck engine) kills its children
@@ -149,20 +171,6 @@ class ChildEngine:
         # Children that left the group (none expected) die with their parent's session anyway.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-
-    async def _copy_output(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        with os.fdopen(open_private_append(self.log_path), "ab") as f:
-            while line := await proc.stdout.readline():
-                line = self._masker.data(line)
-                if self.echo:  # stderr: stdout carries the watchdog's own (JSON) lines
-                    sys.stderr.buffer.write(line)
-                    sys.stderr.flush()
-                if f.tell() > LOG_MAX_BYTES:
-                    f.truncate(0)
-                    f.seek(0)
-                f.write(line)
-                f.flush()
 
 
 def _kill_children(pid: int) -> None:

@@ -61,6 +61,12 @@ class WatchdogMetrics:
         self.probe_errors = _counter(
             r, "probe_errors", "Failed probes by probe.", "target", "probe"
         )
+        self.history_write_errors = _counter(
+            r,
+            "history_write_errors",
+            "Action-history records that could not be written to disk (recovery went on).",
+            "target",
+        )
         self.scrape_duration = Histogram(
             PREFIX + "scrape_duration_seconds",
             "Duration of the engine /metrics scrape.",
@@ -82,6 +88,7 @@ class WatchdogMetrics:
                 self.actions.labels(target, action, result)
         for probe in PROBES:
             self.probe_errors.labels(target, probe)
+        self.history_write_errors.labels(target)
 
     def observe_probe(self, target: str, probe: str, t: float, ok: bool) -> None:
         if ok:

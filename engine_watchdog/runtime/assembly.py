@@ -6,26 +6,33 @@ a supervised child. Nothing here loops: the runner owns the tasks.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import shutil
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from engine_watchdog.capture.retention import remove_abandoned
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.core.model import Action, Outcome, Transition, Verdict
 from engine_watchdog.core.settings import SettingsError, WatchSettings, parse_listen
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.guard.stats import GuardCollector
+from engine_watchdog.probes.procs import url_port
 from engine_watchdog.recovery.actions import EngineActions
 from engine_watchdog.recovery.history import ActionHistory
+from engine_watchdog.recovery.orphans import end_orphan, pid_file
 from engine_watchdog.recovery.supervise import ChildEngine
 from engine_watchdog.report.alertmanager import AlertmanagerReporter
 from engine_watchdog.report.console import transition_json, transition_line
 from engine_watchdog.report.k8s_events import EventsReporter, pod_from_env
 from engine_watchdog.report.metrics import WatchdogMetrics
+from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.recording import TraceWriter
 from engine_watchdog.runtime.supervisor import Supervisor
 from engine_watchdog.runtime.watcher import Reporter, Watcher
@@ -114,6 +121,7 @@ async def assemble(
     command: list[str] | None = None,
     echo_engine: bool = True,
 ) -> Target:
+    await asyncio.to_thread(check_pids, settings)
     watcher = Watcher(settings, session)
     target = Target(settings, watcher, [ConsoleReporter(settings.as_json, out)])
     if settings.guard.listen:  # first: a taken port is said before anything else starts
@@ -124,10 +132,9 @@ async def assemble(
         watcher.listeners.append(target.writer.write)
     # One history for both restart paths (the supervisor's and the supervised child's own), so
     # the restart limit is counted in one memory.
-    history = ActionHistory(settings.capture.incident_dir / HISTORY_FILE)
+    history = await _history(settings, metrics)
     if command:
-        target.child = _child(settings, command, history, echo_engine)
-        await target.child.start()
+        target.child = await _start_child(settings, command, history, echo_engine)
         target.tasks[f"engine-exits:{settings.url}"] = target.child.watch_exits()
     target.supervisor = _supervisor(settings, watcher, metrics, history, target.child)
     if target.supervisor:
@@ -177,6 +184,38 @@ def _guard_orders(
     watcher.stuck_listeners.append(supervisor.on_stuck)
 
 
+async def _history(settings: WatchSettings, metrics: WatchdogMetrics) -> ActionHistory:
+    """The action history, once what a killed watchdog left in the incident dir is gone."""
+    await _clean_incident_dir(settings.capture.incident_dir)
+    write_errors = metrics.history_write_errors.labels(settings.url)
+    return ActionHistory(
+        settings.capture.incident_dir / HISTORY_FILE, on_write_error=lambda _: write_errors.inc()
+    )
+
+
+async def _start_child(
+    settings: WatchSettings, command: list[str], history: ActionHistory, echo: bool
+) -> ChildEngine:
+    """Supervise mode's engine, started once an engine orphaned by an earlier watchdog is gone."""
+    child = _child(settings, command, history, echo)
+    if child.pid_path is not None:
+        await asyncio.to_thread(end_orphan, child.pid_path)
+    await child.start()
+    return child
+
+
+async def _clean_incident_dir(incident_dir: Path) -> None:
+    """What a watchdog killed mid-capture left: temporary bundles no live writer holds."""
+    removed = await asyncio.to_thread(remove_abandoned, incident_dir)
+    if removed:
+        log.warning(
+            "removed %d temporary bundle(s) in %s left by a watchdog that died mid-capture: %s",
+            len(removed),
+            incident_dir,
+            ", ".join(removed),
+        )
+
+
 def _add_events(target: Target, where: str, session: aiohttp.ClientSession) -> None:
     try:
         pod = pod_from_env(None if where == "in-cluster" else where)
@@ -192,8 +231,16 @@ def _add_events(target: Target, where: str, session: aiohttp.ClientSession) -> N
 def _child(
     settings: WatchSettings, command: list[str], history: ActionHistory, echo: bool
 ) -> ChildEngine:
-    log_path = settings.capture.engine_log or settings.capture.incident_dir / "engine.log"
-    return ChildEngine(command, log_path, history, settings.url, settings.policy.rate_limit, echo)
+    if shutil.which(command[0]) is None:
+        raise SettingsError(
+            f"the engine command {command[0]!r} is not an executable program: check what "
+            "follows -- (a path, or a name on PATH)"
+        )
+    capture = settings.capture
+    log_path = capture.engine_log or capture.incident_dir / "engine.log"
+    pid_path = pid_file(capture.incident_dir, url_port(settings.url))
+    limit = settings.policy.rate_limit
+    return ChildEngine(command, log_path, history, settings.url, limit, echo, pid_path)
 
 
 def _supervisor(

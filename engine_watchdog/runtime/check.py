@@ -21,6 +21,7 @@ from engine_watchdog.core.detector import TARGET
 from engine_watchdog.core.model import State, Verdict
 from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.report.console import verdict_dict
+from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.watcher import Watcher
 
 EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, EXIT_UNDECIDED = 0, 1, 2, 3
@@ -90,6 +91,7 @@ async def run_check(
     if session is None:
         async with aiohttp.ClientSession() as own:
             return await run_check(settings, timeout_s, own)
+    await asyncio.to_thread(check_pids, settings, False)  # check reads processes, never acts
     watcher = Watcher(settings, session, records=False)
     try:
         return await _observe(watcher, time.monotonic() + timeout_s)

@@ -100,6 +100,7 @@ class Supervisor:
         self._gate()
         if stalled and self.policy.actions and (self.incident is None or self.incident.done()):
             self.incident = asyncio.create_task(self._incident(stalled[0]), name="incident")
+            self.incident.add_done_callback(_say_if_failed)
 
     def on_stuck(self, findings: list[StuckRequest]) -> None:
         """The request judge's findings: abort each (--request-action abort, not --dry-run),
@@ -214,8 +215,13 @@ class Supervisor:
             outcome = Outcome(Result.DRY_RUN, f"would {action}")
         else:
             assert asyncio.iscoroutine(job)
-            outcome = await job
+            try:
+                outcome = await job
+            except Exception as exc:  # a bug in one action must not end the ladder unrecorded
+                log.error("action %s raised %r", action, exc)
+                outcome = Outcome(Result.FAILED, f"{type(exc).__name__}: {exc}")
         log.warning("action %s: %s %s", action, outcome.result, outcome.detail)
+        # Never raises (a full disk): the record still counts in memory, the ladder goes on.
         self.history.add(
             ActionRecord(self.clock(), self._target, action, outcome.result, outcome.detail)
         )
@@ -270,3 +276,10 @@ def refusal(verdicts: Iterable[Verdict], answered: bool) -> str | None:
         if v.state in (State.STARTING, State.UNREACHABLE) and v.cause == "connection-refused":
             return "engine-watchdog: the engine is not listening; retry later or elsewhere"
     return None
+
+
+def _say_if_failed(task: asyncio.Task[None]) -> None:
+    """An incident that died of a bug says so at once, in one line (not "Task exception was
+    never retrieved" at garbage collection); the next stalled round starts a new one."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("incident handling failed: %r; the next stalled round starts it again", exc)

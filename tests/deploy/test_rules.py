@@ -20,6 +20,7 @@ EXPECTED_ALERTS = {
     "WatchdogCannotProbe",
     "RepeatedIncidents",
     "EngineResemblesKnownHang",
+    "WatchdogHistoryUnwritable",
     "VLLMNoProgressWithRequestsRunning",
     "VLLMAdmissionStall",
     "VLLMKVCacheSaturatedPreemptionStorm",

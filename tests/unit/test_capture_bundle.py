@@ -23,7 +23,7 @@ from engine_watchdog.capture.bundle import (
 )
 from engine_watchdog.capture.evidence import log_tail
 from engine_watchdog.capture.manifest import SCHEMA_VERSION
-from engine_watchdog.capture.retention import prune
+from engine_watchdog.capture.retention import new_tmp_dir, prune, release
 from engine_watchdog.capture.step import CaptureContext, StepResult
 from engine_watchdog.capture.tools import write_private
 from engine_watchdog.core.model import ProcInfo, State, Verdict
@@ -232,13 +232,21 @@ def test_retention_by_count_and_size(tmp_path: Path) -> None:
     assert prune(tmp_path, keep_count=0, keep_bytes=0, keep=names[-1]) == []
 
 
-def test_retention_removes_stale_temporaries(tmp_path: Path) -> None:
-    stale, fresh = tmp_path / ".tmp-old", tmp_path / ".tmp-new"
-    stale.mkdir()
-    fresh.mkdir()
-    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+def test_retention_removes_temporaries_no_live_writer_holds(tmp_path: Path) -> None:
+    """A writer killed mid-bundle leaves its .tmp-* unlocked (the kernel drops its lock); a
+    live writer's, here one of this very process, stays, and so does a .new-* younger than
+    an hour (a writer between creating and locking it)."""
+    abandoned = tmp_path / ".tmp-dead-writer"
+    abandoned.mkdir()
+    live = new_tmp_dir(tmp_path, "live-writer")
+    (tmp_path / ".new-0000").mkdir()
+    try:
+        prune(tmp_path, 10, 10**9, keep="")
+        assert leftovers(tmp_path) == [".new-0000", live.name]
+    finally:
+        release(live)
     prune(tmp_path, 10, 10**9, keep="")
-    assert leftovers(tmp_path) == [".tmp-new"]
+    assert leftovers(tmp_path) == [".new-0000"]
 
 
 @pytest.mark.parametrize(
