@@ -191,7 +191,7 @@ async def ended_only_the_watched(vllm: Container, bystander: Container, incident
 async def test_sidecar_with_sys_ptrace_only(pod_dir: Path, vllm_env: VllmEnv) -> None:
     pod = Pod(private_dir(pod_dir, "ptrace", 0))
     pod.workdir.chmod(0o755)
-    pod.start()
+    pod.start(reachable=(vllm_env.python, Path(CONSOLE_SCRIPT).with_name("python")))
     try:
         vllm, url, bystander = await start_engines(pod, vllm_env, pod.workdir)
         dog, incidents = watchdog(pod, url, pod.workdir, ENGINE_UID, ("sys_ptrace",), "watchdog")
@@ -211,7 +211,7 @@ async def test_sidecar_with_sys_ptrace_only(pod_dir: Path, vllm_env: VllmEnv) ->
 async def test_sidecar_with_no_capability(pod_dir: Path, vllm_env: VllmEnv) -> None:
     pod = Pod(private_dir(pod_dir, "baseline", 0))
     pod.workdir.chmod(0o755)
-    pod.start()
+    pod.start(reachable=(vllm_env.python, Path(CONSOLE_SCRIPT).with_name("python")))
     try:
         vllm, url, bystander = await start_engines(pod, vllm_env, pod.workdir)
         # Another UID sees neither the engine's sockets nor may it trace it: the metrics alone

@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,14 +29,25 @@ from typing import IO
 import psutil
 
 REAPER = (
-    "import os, signal, time\n"
+    "import os, signal, subprocess, sys, time\n"
+    "for keep, hidden in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+    "    parent = os.path.dirname(hidden)\n"
+    "    for argv in (['mount', '--rbind', hidden, keep],\n"
+    "                 ['mount', '-t', 'tmpfs', '-o', 'mode=0755', 'tmpfs', parent],\n"
+    "                 ['mkdir', '-p', hidden], ['mount', '--rbind', keep, hidden]):\n"
+    "        subprocess.run(argv, check=True, timeout=10)\n"
     "signal.signal(signal.SIGTERM, lambda *_: os._exit(0))\n"
+    "print('ready', flush=True)\n"
     "while True:\n"
     "    try:\n"
     "        os.wait()\n"
     "    except ChildProcessError:\n"
     "        time.sleep(0.2)\n"
 )
+"""PID 1 of the pod: it first makes each given folder reachable in the pod's own mount
+namespace (a folder inside a parent other users may not enter, such as a Python under
+/root/.pyenv, is bound onto a world-readable tmpfs laid over that parent: what a container
+image with its Python in /usr gives), then reaps orphans until it is killed."""
 CAP_SYS_PTRACE_BIT = 19
 START_TIMEOUT_S = 10.0
 
@@ -102,15 +112,22 @@ class Pod:
     init: subprocess.Popen[bytes] | None = None
     containers: list[Container] = field(default_factory=list)
 
-    def start(self) -> None:
+    def start(self, reachable: Sequence[Path] = ()) -> None:
+        """Start the pod; ``reachable``: files (interpreters) its other UIDs must be able to
+        run, whatever the permissions of the folders they sit in on the host."""
+        mounts: list[str] = []
+        for hidden in {h for path in reachable if (h := unreachable_folder(path))}:
+            keep = self.workdir / f".keep-{len(mounts)}"
+            keep.mkdir()
+            mounts += [str(keep), str(hidden)]
         argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
         self.init = subprocess.Popen(  # fixed argv, no shell
-            [*argv, "python3", "-c", REAPER], start_new_session=True
+            [*argv, "/usr/bin/python3", "-c", REAPER, *mounts],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and not self._pid1():
-            time.sleep(0.05)
-        if not self._pid1():
+        assert self.init.stdout is not None
+        if self.init.stdout.readline().strip() != b"ready":  # bounded: the mounts time out
             raise RuntimeError("the pod's PID 1 did not start")
 
     def _pid1(self) -> int | None:
@@ -162,6 +179,16 @@ class Pod:
                 os.killpg(self.init.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.init.wait(10)
+
+
+def unreachable_folder(path: Path) -> Path | None:
+    """The folder to expose so that other UIDs can run ``path``: the child of its first
+    ancestor that others may not enter (e.g. /root/.pyenv for a pyenv Python); None if none."""
+    real = path.resolve()
+    for parent in real.parents:
+        if parent.parent != parent and not parent.parent.stat().st_mode & 0o001:
+            return parent
+    return None
 
 
 def capabilities(pid: int) -> tuple[int, bool]:
