@@ -180,6 +180,12 @@ GUARD = OptionGroup(
         "Retry-After (seconds) of the guard's 503 answers.",
         int,
     ),
+    Opt(
+        "--guard-fast-path/--no-guard-fast-path",
+        "fast_path",
+        "Pass streams from the engine connection's callback (the default); --no-guard-fast-"
+        "path: through aiohttp's client and server streams, as every other request.",
+    ),
 )
 RECOVERY = OptionGroup(
     RecoverySettings,

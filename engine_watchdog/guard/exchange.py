@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -21,6 +22,12 @@ SKIP_AUTO = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 """Headers aiohttp would add on its own: a request carries only what its client sent."""
 QUIET_S = 1.0
 """Streams quiet this long are listed one by one in the observation (the rest are counted)."""
+
+
+class Closable(Protocol):
+    """A request's connection to the engine (aiohttp's response, or the fast path's)."""
+
+    def close(self) -> None: ...
 
 
 class Exchange:
@@ -55,7 +62,7 @@ class Exchange:
         self.detail = ""
         self.pump: asyncio.Task[web.StreamResponse] | None = None
         self.response: web.StreamResponse | None = None
-        self.upstream: aiohttp.ClientResponse | None = None
+        self.upstream: Closable | None = None
 
 
 def forwarded(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:

@@ -42,6 +42,7 @@ from engine_watchdog.guard.exchange import (
     forwarded,
     returned,
 )
+from engine_watchdog.guard.fast import FastPath, NotListening, Target, UpstreamError, wants_stream
 from engine_watchdog.guard.stats import GuardStats
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,11 @@ class Guard:
         self._runner: web.AppRunner | None = None
         self._seen = (0, 0, [0] * (len(GAP_BOUNDS) + 1))
         self.port = 0
+        target = Target.of(self.upstream) if settings.fast_path else None
+        self._fast = (
+            FastPath(target, self.note, clock, settings.connect_timeout_s) if target else None
+        )
+        """Streams to a plain http:// engine take the fast path (guard/fast.py)."""
 
     # -- life -----------------------------------------------------------------------------
 
@@ -186,7 +192,10 @@ class Guard:
         self.open[key] = ex
         outcome = "client-gone"
         try:
-            ex.pump = asyncio.ensure_future(self._pump(request, ex, headers, body))
+            pump = self._pump
+            if self._fast is not None and wants_stream(request, body):
+                pump = self._fast.pump
+            ex.pump = asyncio.ensure_future(pump(request, ex, headers, body))
             try:
                 response = await ex.pump
                 outcome = "completed"
@@ -198,7 +207,7 @@ class Guard:
                 return await self._answer(request, ex)
             except ConnectionResetError:  # writing to a client that left (aiohttp's own too)
                 return ex.response or web.Response(status=499)
-            except aiohttp.ClientError as exc:
+            except (aiohttp.ClientError, UpstreamError) as exc:
                 outcome = "upstream-error"
                 return self._upstream_failed(request, ex, exc)
         finally:
@@ -237,31 +246,34 @@ class Guard:
     async def _stream(
         self, up: aiohttp.ClientResponse, resp: web.StreamResponse, ex: Exchange
     ) -> None:
-        """The hot path: per chunk, count the events it ends, time them, pass it on."""
-        clock, stats = self.clock, self.stats
-        counts, first = stats.gaps.counts, stats.first_event
-        tail = False
+        """A stream on the aiohttp path: per chunk, note it, pass it on."""
+        clock = self.clock
         ex.waiting_since = clock()
         async for chunk in up.content.iter_any():
-            now = clock()
-            n = chunk.count(b"\n\n") + (tail and chunk[:1] == b"\n")
-            tail = chunk[-1:] == b"\n"
-            if n:
-                last = ex.last_event_t
-                if last is None:
-                    ex.first_event_t = now
-                    first.counts[bisect_left(first.bounds, now - ex.started_t)] += 1
-                    first.total += now - ex.started_t
-                else:
-                    counts[bisect_left(GAP_BOUNDS, now - last)] += 1
-                    stats.gaps.total += now - last
-                ex.last_event_t = self.last_event_t = now
-                ex.events += n
-                stats.events += n
-            ex.last_chunk = chunk
+            self.note(ex, chunk, clock())
             ex.waiting_since = None  # on the client now: a slow reader holds its own stream
             await resp.write(chunk)
             ex.waiting_since = clock()
+
+    def note(self, ex: Exchange, chunk: bytes, now: float) -> None:
+        """The hot path of both paths: count the events a chunk of an SSE stream ends (at a
+        blank line, also one split across chunks) and time them (first event, gaps)."""
+        n = chunk.count(b"\n\n") + (ex.last_chunk[-1:] == b"\n" and chunk[:1] == b"\n")
+        ex.last_chunk = chunk
+        if not n:
+            return
+        stats, last = self.stats, ex.last_event_t
+        if last is None:
+            ex.first_event_t = now
+            first = stats.first_event
+            first.counts[bisect_left(first.bounds, now - ex.started_t)] += 1
+            first.total += now - ex.started_t
+        else:
+            stats.gaps.counts[bisect_left(GAP_BOUNDS, now - last)] += 1
+            stats.gaps.total += now - last
+        ex.last_event_t = self.last_event_t = now
+        ex.events += n
+        stats.events += n
 
     async def _answer(self, request: web.Request, ex: Exchange) -> web.StreamResponse:
         """The error in the engine's place: an error event and [DONE] in a stream, a JSON
@@ -282,9 +294,9 @@ class Guard:
         return resp
 
     def _upstream_failed(
-        self, request: web.Request, ex: Exchange, exc: aiohttp.ClientError
+        self, request: web.Request, ex: Exchange, exc: aiohttp.ClientError | UpstreamError
     ) -> web.StreamResponse:
-        if ex.response is None and isinstance(exc, aiohttp.ClientConnectorError):
+        if ex.response is None and isinstance(exc, aiohttp.ClientConnectorError | NotListening):
             # Nothing listens (a restart, a crash): what the 503 gate answers, at once.
             message = "engine-watchdog: the engine is not listening; retry later or elsewhere"
             return json_error(message, retry_after=self.settings.retry_after_s)

@@ -1,0 +1,278 @@
+"""The guard's two paths for a stream (docs/guard.md, "The fast path"): the fast path
+(guard/fast.py, the default) and the aiohttp path (--no-guard-fast-path) must be one and the
+same to a client and to the judge. Every test runs on both, against real servers on loopback:
+an engine that sends exactly the bytes a test scripts (tests/tools/raw_engine.py: framing cut
+at odd places, a connection closed or reset mid-stream) or aiohttp's own server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import psutil
+import pytest
+from aiohttp import web
+
+from engine_watchdog.core.settings import GuardSettings
+from engine_watchdog.guard.errors import sse_error
+from engine_watchdog.guard.exchange import Exchange
+from engine_watchdog.guard.fast import Upstream
+from engine_watchdog.guard.proxy import Guard
+from engine_watchdog.sim.launcher import free_port
+from tests.tools.guard import slow_reader
+from tests.tools.raw_engine import LAST, SSE_HEAD, chunks, cut, raw_engine
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.parametrize("fast", [True, False])]
+BODY = {"model": "m", "prompt": "go", "stream": True}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def guarded(engine_url: str, fast: bool) -> AsyncIterator[tuple[Guard, str]]:
+    guard = Guard(GuardSettings(fast_path=fast), engine_url)
+    await guard.start("127.0.0.1", 0)
+    try:
+        yield guard, f"http://127.0.0.1:{guard.port}"
+    finally:
+        await guard.stop()
+
+
+def on_fast_path(guard: Guard) -> bool:
+    """Whether the one request in flight took the fast path."""
+    (ex,) = guard.open.values()
+    return isinstance(ex.upstream, Upstream)
+
+
+async def read_all(url: str, request_id: str = "r-1") -> tuple[aiohttp.ClientResponse, bytes]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(url + "/v1/completions", json=BODY, headers={"X-Request-Id": request_id}) as r,
+    ):
+        return r, await r.read()
+
+
+EVENTS = [
+    b'data: {"n":1}\n\n',
+    b'data: {"n":2}\n',  # this event's blank line comes in the next chunk
+    b"\n",
+    b'data: {"n":3}\n\ndata: {"n":4}',  # two events, the second split over three chunks
+    b"\n",
+    b"\n",
+    b'data: {"n":5,"big":"' + b"x" * (1 << 20) + b'"}\n\n',  # one 1 MB event, one chunk
+    b"data: [DONE]\n\n",
+]
+RAW = SSE_HEAD + chunks(*EVENTS) + LAST
+CUTS = cut(
+    RAW,
+    len(SSE_HEAD) - 3,  # inside the head's blank line
+    len(SSE_HEAD) + 1,  # inside the first size line
+    len(SSE_HEAD) + 4,  # between its CR and LF
+    len(SSE_HEAD) + 10,  # inside the first event
+    len(SSE_HEAD) + 22,  # between the first chunk's data and its CRLF
+    len(SSE_HEAD) + 70,
+    len(SSE_HEAD) + 70 + 300_000,  # inside the 1 MB event
+    len(RAW) - 3,  # inside the last chunk
+)
+
+
+async def test_sse_bytes_pass_unchanged_however_the_engine_cuts_them(fast: bool) -> None:
+    async with raw_engine(CUTS) as engine, guarded(engine.url, fast) as (guard, url):
+        direct, direct_body = await read_all(engine.url)
+        through, body = await read_all(url)
+        async with aiohttp.ClientSession() as s:  # one connection to the guard, three streams
+            for _ in range(3):
+                async with s.post(url + "/v1/completions", json=BODY) as r:
+                    assert await r.read() == direct_body
+    assert body == direct_body == b"".join(EVENTS)
+    assert through.status == 200 and through.headers["X-Engine"] == "raw"
+    assert through.headers["Content-Type"] == direct.headers["Content-Type"]
+    assert guard.stats.events == 4 * 6 and guard.stats.outcomes["completed"] == 4
+    assert b"\r\nX-Request-Id: r-1\r\n" in engine.requests[-1]
+
+
+async def test_a_1mb_event_from_aiohttp_passes_unchanged(fast: bool) -> None:
+    async def one_big_event(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: " + bytes(range(256)) * 4096 + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async with served(one_big_event) as engine, guarded(engine, fast) as (guard, url):
+        _, direct = await read_all(engine)
+        _, through = await read_all(url)
+    assert through == direct and len(through) == 6 + (1 << 20) + 2 + 14
+    assert guard.stats.events == 2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 15\r\n\r\n"
+        b'{"error":"no"}\n',
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n" + b'{"until":"close"}',
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+        b"\r\n" + chunks(b'{"a":', b"1}") + LAST,
+    ],
+    ids=["sized", "until-close", "chunked"],
+)
+async def test_a_stream_request_answered_without_sse_passes_as_it_is(
+    fast: bool, answer: bytes
+) -> None:
+    async with raw_engine(cut(answer, 30, 70)) as engine, guarded(engine.url, fast) as (_, url):
+        direct, direct_body = await read_all(engine.url)
+        through, body = await read_all(url)
+    assert (through.status, body) == (direct.status, direct_body)
+    assert through.headers.get("Content-Length") == direct.headers.get("Content-Length")
+
+
+@pytest.mark.parametrize("then", ["close", "reset"])
+async def test_an_engine_that_cuts_its_stream_cuts_the_clients(fast: bool, then: str) -> None:
+    """The client sees the stream end unfinished, as straight from the engine; no clean end is
+    made up for it."""
+    pieces = [SSE_HEAD, chunks(b"data: 1\n\n"), chunks(b"data: 2\n\n")]
+    async with raw_engine(pieces, then) as engine, guarded(engine.url, fast) as (guard, url):
+        for target in (engine.url, url):
+            got = []
+            with pytest.raises(aiohttp.ClientPayloadError):
+                async with aiohttp.ClientSession() as s, s.post(target, json=BODY) as r:
+                    async for line in r.content:
+                        got.append(line)
+            assert got == [b"data: 1\n", b"\n", b"data: 2\n", b"\n"]
+    assert guard.stats.outcomes["upstream-error"] == 1 and not guard.open
+
+
+async def test_a_client_that_leaves_closes_its_engine_connection(fast: bool) -> None:
+    pieces = [SSE_HEAD, chunks(b"data: 1\n\n")]
+    async with raw_engine(pieces, "hold") as engine, guarded(engine.url, fast) as (guard, url):
+        async with aiohttp.ClientSession() as s, s.post(url, json=BODY) as r:
+            assert await r.content.readuntil(b"\n\n") == b"data: 1\n\n"
+            assert on_fast_path(guard) is fast
+        await until(lambda: engine.closed_by_peer == 1)
+    assert guard.stats.outcomes["client-gone"] == 1
+
+
+async def test_an_ended_request_gets_the_error_event_then_done(fast: bool) -> None:
+    """end() (a stuck request) and end_all() (a stalled engine): the engine connection closed,
+    the client's stream ended cleanly in vLLM's error shape; a stream cut inside an event gets
+    a blank line first, so the error is an event of its own."""
+    at_event = [SSE_HEAD, chunks(b"data: 1\n\n")]
+    async with raw_engine(at_event, "hold") as engine, guarded(engine.url, fast) as (guard, url):
+        stuck = asyncio.create_task(read_all(url, "stuck-1"))
+        await until(lambda: any(ex.events for ex in guard.open.values()))
+        assert guard.end("stuck-1", "stuck, retry") and not guard.end("stuck-1", "again")
+        _, body = await stuck
+        await until(lambda: engine.closed_by_peer == 1)
+    assert body == b"data: 1\n\n" + sse_error("stuck, retry", complete=True)
+    assert guard.stats.outcomes["aborted-stuck"] == 1
+    in_event = [SSE_HEAD, chunks(b"data: 1\n\ndata: par", b"tial")]
+    async with raw_engine(in_event, "hold") as engine, guarded(engine.url, fast) as (guard, url):
+        streams = [asyncio.create_task(read_all(url, f"s-{i}")) for i in range(2)]
+        await until(lambda: [ex.last_chunk[-4:] for ex in guard.open.values()] == [b"tial"] * 2)
+        assert guard.end_all("stalled") == 2
+        bodies = [body for _, body in await asyncio.gather(*streams)]
+        await until(lambda: engine.closed_by_peer == 2)
+    assert bodies == [b"data: 1\n\ndata: partial" + sse_error("stalled", complete=False)] * 2
+    assert guard.stats.outcomes["answered-stall"] == 2
+
+
+FIREHOSE = 1024
+"""64 KiB events the engine of the slow-reader test writes as fast as it may: 64 MiB."""
+
+
+async def test_a_slow_reader_pauses_its_engine_connection(fast: bool) -> None:
+    """A client that stops reading: the guard stops reading its engine connection (the engine's
+    writes stop, far short of the whole stream), holds little, and waits on the client, not on
+    the engine; once the client reads again, every byte arrives."""
+    written = [0]
+
+    async def firehose(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for n in range(FIREHOSE):
+            await resp.write(b"data: %05d" % n + b"x" * 65530 + b"\n\n")
+            written[0] += 1
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    rss = psutil.Process().memory_info().rss
+    async with served(firehose) as engine, guarded(engine, fast) as (guard, url):
+        reading = asyncio.create_task(slow_reader(url, BODY, pause_s=3.0))
+        await asyncio.sleep(1.5)
+        held = written[0]
+        (ex,) = guard.open.values()
+        assert not engine_side(ex).is_reading() and ex.waiting_since is None
+        grown_mb = (psutil.Process().memory_info().rss - rss) / 2**20
+        await asyncio.sleep(1.0)
+        assert written[0] == held < FIREHOSE / 2, (held, FIREHOSE)
+        raw = await reading
+    assert grown_mb < 24, grown_mb
+    events = dechunk(raw.split(b"\r\n\r\n", 1)[1]).split(b"\n\n")
+    assert events[:-2] == [b"data: %05d" % n + b"x" * 65530 for n in range(FIREHOSE)]
+    assert events[-2:] == [b"data: [DONE]", b""]
+
+
+def engine_side(ex: Exchange) -> asyncio.Transport:
+    """The guard's connection to the engine for this request, on either path."""
+    if isinstance(ex.upstream, Upstream):
+        assert ex.upstream.transport is not None
+        return ex.upstream.transport
+    assert isinstance(ex.upstream, aiohttp.ClientResponse) and ex.upstream.connection
+    transport = ex.upstream.connection.transport
+    assert isinstance(transport, asyncio.Transport)
+    return transport
+
+
+def dechunk(raw: bytes) -> bytes:
+    """A whole chunked body, decoded (independently of guard/http1.py)."""
+    out: list[bytes] = []
+    at = 0
+    while True:
+        eol = raw.index(b"\r\n", at)
+        size = int(raw[at:eol], 16)
+        if not size:
+            return b"".join(out)
+        out.append(raw[eol + 2 : eol + 2 + size])
+        assert raw[eol + 2 + size : eol + 4 + size] == b"\r\n"
+        at = eol + 4 + size
+
+
+async def test_an_engine_down_or_not_speaking_http(fast: bool) -> None:
+    async with guarded(f"http://127.0.0.1:{free_port()}", fast) as (guard, url):
+        r, body = await read_all(url)
+        assert (r.status, r.headers["Retry-After"]) == (503, "5")
+        assert json.loads(body)["error"]["type"] == "ServiceUnavailableError"
+    async with (
+        raw_engine([b"SPDY/3 200 OK\r\n\r\n"]) as engine,
+        guarded(engine.url, fast) as (guard, url),
+    ):
+        r, body = await read_all(url)
+        assert r.status == 502 and b"engine-watchdog: the engine failed" in body
+    assert guard.stats.outcomes["upstream-error"] == 1
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def served(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
