@@ -22,6 +22,7 @@ from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
 from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
 from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
 from engine_watchdog.engines.profile import EngineProfile
+from engine_watchdog.net.access import Access
 from engine_watchdog.net.http import get_json
 from engine_watchdog.recovery.abort import abort_requests
 from engine_watchdog.recovery.restart import kill_engine_core, run_restart_command
@@ -43,6 +44,10 @@ class EngineHandle(Protocol):
 
     @property
     def session(self) -> aiohttp.ClientSession: ...
+
+    @property
+    def access(self) -> Access:
+        """TLS trust and API key for the engine's URL (its abort routes are guarded too)."""
 
     @property
     def profile(self) -> EngineProfile:
@@ -108,7 +113,8 @@ class EngineActions:
 
     async def abort(self) -> Outcome:
         e = self.engine
-        return await abort_requests(e.session, e.target, e.profile, sorted(e.known_request_ids()))
+        ids = sorted(e.known_request_ids())
+        return await abort_requests(e.session, e.target, e.profile, ids, access=e.access)
 
     async def restart(self, stalled_since: float) -> Outcome:
         if self.restarter is not None:
@@ -129,7 +135,7 @@ class EngineActions:
     async def paused(self) -> bool:
         """vLLM dev mode's /is_paused; it waits on a hung engine's loop, so a timeout is 'no'."""
         e = self.engine
-        doc = await get_json(e.session, e.target + "/is_paused", PAUSED_TIMEOUT_S)
+        doc = await get_json(e.session, e.target + "/is_paused", PAUSED_TIMEOUT_S, e.access)
         return bool(isinstance(doc, dict) and doc.get("is_paused"))
 
     def same_host(self) -> bool:

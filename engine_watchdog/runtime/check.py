@@ -25,7 +25,7 @@ EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, EXIT_UNDECIDED = 0, 1, 2, 3
 FLEET_CONCURRENCY = 100
 """Engines judged at once; each holds a connection or two to its engine."""
 # Scrape errors that will not heal by waiting: give up at once.
-_HOPELESS = ("connection-refused", "no-engine-series", "http-404", "too-large")
+_HOPELESS = ("connection-refused", "no-engine-series", "http-404", "too-large", "tls")
 _QUIET = (State.IDLE, State.SLEEPING)
 
 

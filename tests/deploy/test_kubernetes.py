@@ -123,6 +123,21 @@ def test_sidecar_shape(rendered: dict[str, list[Obj]], overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_sidecar_reads_the_engine_api_key_from_an_optional_secret(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    """The key comes from a Secret (the one the engine reads as VLLM_API_KEY), never from a
+    literal or the ConfigMap, and a missing Secret does not stop the pod."""
+    sidecar = _container(rendered[overlay], "engine-watchdog")
+    (entry,) = [e for e in sidecar["env"] if e["name"] == "ENGINE_WATCHDOG_API_KEY"]
+    assert "value" not in entry
+    ref = entry["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"], ref["optional"]) == ("vllm-api-key", "api-key", True)
+    assert not [k for k in _configmap(rendered[overlay]) if "API_KEY" in k]
+    assert not [a for a in sidecar.get("args", []) if "api-key" in a]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_cuda_dumps_and_incidents_volumes(rendered: dict[str, list[Obj]], overlay: str) -> None:
     objs = rendered[overlay]
     engine, sidecar = _container(objs, "vllm"), _container(objs, "engine-watchdog")

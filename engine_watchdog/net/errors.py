@@ -1,0 +1,65 @@
+"""Short, stable codes for failed requests (verdicts, metrics and traces carry them), and the
+one line for humans that says what happened and what to do about it."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import aiohttp
+
+TIMEOUT = "timeout"
+TOO_LARGE = "too-large"
+TLS = "tls"
+REFUSED = "connection-refused"
+DISCONNECTED = "disconnected"
+HTTP_ERROR = "http-error"
+
+_HOSTNAME_MISMATCH = 62
+"""OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH (the certificate names another host)."""
+
+
+class BodyTooLarge(aiohttp.ClientError):
+    """An answer's body passed the cap it was read with; the read stopped there."""
+
+
+def error_code(exc: BaseException) -> str:
+    """The code of a request that raised ``exc``."""
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return TIMEOUT
+    if isinstance(exc, BodyTooLarge):
+        return TOO_LARGE
+    # Before ClientConnectorError: aiohttp's TLS errors are connector errors too, and its
+    # certificate error is also a ValueError (ssl.CertificateError).
+    if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError | aiohttp.ServerFingerprintMismatch):
+        return TLS
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return REFUSED
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return DISCONNECTED
+    return HTTP_ERROR
+
+
+def describe(exc: BaseException, timeout_s: float) -> str:
+    """One line: what went wrong, and for TLS what to do about it."""
+    code = error_code(exc)
+    if code == TIMEOUT:
+        return f"{TIMEOUT} (no answer within {timeout_s:g} s)"
+    if code == TLS:
+        return f"{TLS} ({tls_hint(exc)})"
+    return f"{code} ({exc or type(exc).__name__})"
+
+
+def tls_hint(exc: BaseException) -> str:
+    """Why the TLS handshake failed, and the one-line fix."""
+    cert = getattr(exc, "certificate_error", exc)  # aiohttp wraps ssl's own error
+    if isinstance(cert, ssl.SSLCertVerificationError):
+        reason = cert.verify_message or cert.reason or "verification failed"
+        if cert.verify_code == _HOSTNAME_MISMATCH:
+            return f"{reason}: put the host name the certificate names in the URL"
+        return (
+            f"certificate not trusted: {reason}; give the CA that signed it with --ca-file PATH "
+            "(ENGINE_WATCHDOG_CA_FILE)"
+        )
+    reason = getattr(exc, "reason", None) or getattr(cert, "reason", None) or str(exc)
+    return f"TLS handshake failed: {reason}; is the engine serving https? if not, use http://"
