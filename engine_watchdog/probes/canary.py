@@ -10,6 +10,7 @@ never count as evidence. No answer, however bad, raises: each ends as an observa
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from collections.abc import Callable
 
@@ -22,6 +23,11 @@ from engine_watchdog.net.errors import TLS, TOO_LARGE
 from engine_watchdog.net.http import Answer, fetch
 
 _ids = itertools.count(1)
+_RUN = secrets.token_hex(4)
+"""In every canary's id, so that two watchdogs on one engine (a sidecar and a fleet watcher)
+never share one: the simulator, like vLLM releases whose output processor refused a duplicate,
+answers 400 "Request id ... already running" to the second in flight (seen with four watchdogs
+on one simulator), and an abort by id would end the other watchdog's canary."""
 UNUSABLE = "unusable:"
 
 
@@ -83,7 +89,7 @@ class Canary:
 
     async def _complete(self, model: str, timeout_s: float) -> Answer:
         # A request id of our own: a stuck canary can be aborted by id where the engine allows.
-        request_id = f"engine-watchdog-canary-{next(_ids)}"
+        request_id = f"engine-watchdog-canary-{_RUN}-{next(_ids)}"
         # vLLM tracks a completion as cmpl-<X-Request-Id>-<prompt index> (openai/completion/
         # serving.py); that is the id its abort endpoint takes.
         engine_id = self.profile.canary_id_format.format(request_id)

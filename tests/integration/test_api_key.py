@@ -82,7 +82,7 @@ async def test_the_canary_authenticates_from_a_file_or_the_environment(
         if way == "none":
             assert {c["error"] for c in canaries} == {"unusable: /v1/models answered HTTP 401"}
         else:
-            assert all(c["ok"] for c in canaries), (way, canaries)
+            assert all(c["ok"] for c in canaries), (way, [c["error"] for c in canaries])
         said = (tmp_path / f"{way}.log").read_text()
         assert said.count("--api-key-file") == (1 if way == "none" else 0), said
         files = [tmp_path / f"{way}.jsonl", tmp_path / f"{way}.log"]
