@@ -15,8 +15,9 @@ REFUSED = "connection-refused"
 DISCONNECTED = "disconnected"
 HTTP_ERROR = "http-error"
 
-_HOSTNAME_MISMATCH = 62
-"""OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH (the certificate names another host)."""
+_NAME_MISMATCH = (62, 64)
+"""OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and _IP_ADDRESS_MISMATCH: the certificate is for
+another host."""
 
 
 class BodyTooLarge(aiohttp.ClientError):
@@ -55,11 +56,13 @@ def tls_hint(exc: BaseException) -> str:
     cert = getattr(exc, "certificate_error", exc)  # aiohttp wraps ssl's own error
     if isinstance(cert, ssl.SSLCertVerificationError):
         reason = cert.verify_message or cert.reason or "verification failed"
-        if cert.verify_code == _HOSTNAME_MISMATCH:
-            return f"{reason}: put the host name the certificate names in the URL"
+        if cert.verify_code in _NAME_MISMATCH:
+            return f"{reason.rstrip('.')}: put the host name the certificate names in the URL"
         return (
             f"certificate not trusted: {reason}; give the CA that signed it with --ca-file PATH "
             "(ENGINE_WATCHDOG_CA_FILE)"
         )
-    reason = getattr(exc, "reason", None) or getattr(cert, "reason", None) or str(exc)
+    inner = getattr(exc, "os_error", None) or exc  # aiohttp's connector error wraps ssl's
+    code = getattr(inner, "reason", None)  # e.g. WRONG_VERSION_NUMBER
+    reason = code.lower().replace("_", " ") if isinstance(code, str) else str(inner)
     return f"TLS handshake failed: {reason}; is the engine serving https? if not, use http://"

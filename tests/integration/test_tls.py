@@ -56,6 +56,17 @@ async def test_https_to_a_plain_http_engine_says_so(stub_engine: StubFactory) ->
     assert "is the engine serving https" in doc["error"], doc
 
 
+async def test_a_certificate_for_another_host_says_so(
+    stub_engine: StubFactory, tmp_path: Path
+) -> None:
+    cert, key = self_signed(tmp_path, "DNS:engine.example")
+    engine = await stub_engine(tls=server_tls(cert, key))
+    ran = await run_cli("check", engine.url, "--json", NO_GPU, "--ca-file", str(cert))
+    doc = ran.json()
+    assert ran.code == 2 and doc["engines"][0]["cause"] == "tls", ran.out + ran.err
+    assert "put the host name the certificate names in the URL" in doc["error"], doc
+
+
 @pytest.mark.parametrize("content", [None, "not a certificate\n"], ids=["missing", "not-pem"])
 def test_a_ca_file_that_cannot_be_loaded_is_a_usage_error(
     tmp_path: Path, content: str | None

@@ -166,8 +166,9 @@ DEFAULT_ROUTES: dict[str, Route] = {
 """An idle, healthy vLLM."""
 
 
-def self_signed(workdir: Path) -> tuple[Path, Path]:
-    """(certificate, key) for 127.0.0.1, made by Debian's openssl (bounded in time)."""
+def self_signed(workdir: Path, name: str = "IP:127.0.0.1") -> tuple[Path, Path]:
+    """(certificate, key) for ``name`` (a subjectAltName), made by Debian's openssl (bounded in
+    time)."""
     import subprocess
 
     cert, key = workdir / "engine-cert.pem", workdir / "engine-key.pem"
@@ -175,7 +176,7 @@ def self_signed(workdir: Path) -> tuple[Path, Path]:
         [
             "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
             "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-            "-addext", "subjectAltName=IP:127.0.0.1",
+            "-addext", f"subjectAltName={name}",
             "-keyout", str(key), "-out", str(cert),
         ],
         check=True,
