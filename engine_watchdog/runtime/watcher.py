@@ -34,12 +34,14 @@ from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.engines import PROFILES, VLLM
 from engine_watchdog.engines.detect import detect_profile
 from engine_watchdog.engines.profile import EngineProfile
+from engine_watchdog.net.access import access_for
 from engine_watchdog.probes.canary import Canary
 from engine_watchdog.probes.engine_procs import ProcsProbe
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.health import probe_health
 from engine_watchdog.probes.metrics import parse_scrape, scrape
 from engine_watchdog.probes.procs import sample_procs_async
+from engine_watchdog.runtime.notices import Notices
 from engine_watchdog.runtime.trace import encode, encode_scrape, encode_settings
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,10 @@ class Watcher:
         self.base_url = settings.connect_url or settings.url
         """Where the probes and the actions connect: the only holder of the URL's credentials."""
         self.session = session
+        self.access = access_for(settings.probe)
+        """TLS trust and API key for this engine (recovery's requests use them too)."""
         self.clock = clock
+        self.notices = Notices(self.target)
         # "auto": judged as vLLM until the first answer of /metrics names the engine.
         self.profile = PROFILES.get(settings.engine, VLLM)
         self.detecting = settings.engine == "auto"
@@ -118,18 +123,20 @@ class Watcher:
         self._fed_t = 0.0
         self.last_scrape: ScrapeObs | None = None
         self.canary = Canary(
-            session, self.base_url, self.profile, settings.probe.canary_timeout_s, clock
+            session,
+            self.base_url,
+            self.profile,
+            settings.probe.canary_timeout_s,
+            clock,
+            self.access,
         )
         self._canary_task: asyncio.Task[CanaryObs] | None = None
+        self.woken = asyncio.Event()
+        """Set when a canary ends: its answer is judged at once, not a round later."""
         self._noted: list[RestartObs] = []
         pids = settings.probe.pids
         self.procs = ProcsProbe(None if pids else self.target, pids, self.profile, clock=clock)
-        self.gpu = (
-            gpu if gpu is not None else (GpuProbe(load_nvml()) if settings.probe.gpu else None)
-        )
-        if self.gpu is not None and (reason := self.gpu.start()):
-            log.info("GPU probe off: %s", reason)
-            self.gpu = None
+        self.gpu = _gpu_probe(settings, gpu)
 
     @property
     def verdicts(self) -> dict[str, Verdict]:
@@ -137,7 +144,13 @@ class Watcher:
 
     async def tick(self) -> list[Transition]:
         """One probe round: every probe concurrently, then judge in time order."""
-        probed = [o for o in await asyncio.gather(*self._probes()) if o is not None]
+        results = await asyncio.gather(*self._probes(), return_exceptions=True)
+        probed: list[Observation] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                self.notices.failed(result)
+            elif result is not None:
+                probed.append(result)
         changes: list[Transition] = []
         for obs in sorted(
             [*self._take_noted(), *self._canary_result(), *probed], key=lambda o: o.t
@@ -148,6 +161,8 @@ class Watcher:
         if stuck:
             for listener in self.stuck_listeners:
                 listener(stuck)
+        self.notices.notes(self.detector.notes)
+        self.detector.notes.clear()
         self._publish()
         self._maybe_send_canary()
         self.rounds += 1
@@ -226,6 +241,7 @@ class Watcher:
             timeout_s=probe.scrape_timeout_s,
             max_bytes=probe.max_scrape_bytes,
             clock=self.clock,
+            access=self.access,
         )
         if self.detecting and raw.body is not None:
             detail = self._detect(raw.body, raw.status or 0)
@@ -239,6 +255,7 @@ class Watcher:
             if self.profile.metrics_path != profile_path:
                 return await self._scrape()  # e.g. trtllm-serve's Prometheus text lives elsewhere
         obs = parse_scrape(raw, self.profile)
+        self.notices.notes(obs.notes)
         if self.records:
             if raw.body is not None:
                 # Traces keep only what the profile reads: a few KB instead of hundreds.
@@ -280,7 +297,7 @@ class Watcher:
     async def _health(self) -> Observation:
         url = self.base_url + self.profile.health_path
         obs = await probe_health(
-            self.session, url, self.settings.probe.scrape_timeout_s, self.clock
+            self.session, url, self.settings.probe.scrape_timeout_s, self.clock, self.access
         )
         self._remember(encode(obs))
         return obs
@@ -301,9 +318,12 @@ class Watcher:
         if task is None or not task.done():
             return []
         self._canary_task = None
+        if task.cancelled() or self.notices.failed(task.exception()):
+            return []
         # It may have ended while the last round's probes ran: judged now, after them, so that
         # time never runs backwards for the detector (nor in the trace).
         obs = replace(task.result(), t=max(task.result().t, self._fed_t))
+        self.notices.canary(obs, self.access.api_key is not None)
         self._remember(encode(obs))
         return [obs]
 
@@ -313,6 +333,7 @@ class Watcher:
             return
         if self.detector.canary_due(self.clock()) is not None:
             self._canary_task = asyncio.create_task(self.canary.send(), name="canary")
+            self._canary_task.add_done_callback(lambda _: self.woken.set())
 
     def _remember(self, rec: dict[str, Any]) -> None:
         """Hold a record until the round ends: probes finish in any order."""
@@ -329,3 +350,11 @@ class Watcher:
         self._round.clear()
         while self.timeline and self.timeline[-1]["t"] - self.timeline[0]["t"] > TIMELINE_SECONDS:
             self.timeline.popleft()
+
+
+def _gpu_probe(settings: WatchSettings, given: GpuProbe | None) -> GpuProbe | None:
+    gpu = given if given is not None else (GpuProbe(load_nvml()) if settings.probe.gpu else None)
+    if gpu is not None and (reason := gpu.start()):
+        log.info("GPU probe off: %s", reason)
+        return None
+    return gpu
