@@ -8,6 +8,8 @@ import logging
 from collections.abc import Iterable
 
 from engine_watchdog.core.model import CanaryObs, Note
+from engine_watchdog.core.settings import WatchSettings
+from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.probes.canary import unusable_hint
 
 log = logging.getLogger("engine_watchdog.runtime.watcher")
@@ -46,3 +48,22 @@ class Notices:
         if self.once(f"probe-raised:{type(result).__name__}"):
             log.error("%s: a probe failed: %r", self.target, result, exc_info=result)
         return True
+
+
+def warn_blind_spots(settings: WatchSettings, profile: EngineProfile) -> None:
+    """Say once where this engine's metrics cannot carry the verdict with these settings."""
+    if profile.progress_needs_canary and not settings.probe.canary:
+        log.warning(
+            "%s: %s moves its progress series only when a request finishes: with --no-canary "
+            "a long healthy generation cannot be told from a hang",
+            settings.url,
+            profile.name,
+        )
+    if settings.detector.stall_seconds <= profile.work_gauge_lag_s and not settings.probe.canary:
+        log.warning(
+            "%s: %s's work gauges can stay stale for %.0f s: keep --stall-seconds above that "
+            "or the canary on",
+            settings.url,
+            profile.name,
+            profile.work_gauge_lag_s,
+        )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
@@ -41,12 +40,11 @@ from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.health import probe_health
 from engine_watchdog.probes.metrics import parse_scrape, scrape
 from engine_watchdog.probes.procs import sample_procs_async
-from engine_watchdog.runtime.notices import Notices
+from engine_watchdog.runtime.notices import Notices, warn_blind_spots
+from engine_watchdog.runtime.recording import RoundRecords
 from engine_watchdog.runtime.trace import encode, encode_scrape, encode_settings
 
 log = logging.getLogger(__name__)
-TIMELINE_SECONDS = 600.0
-"""How much recorded history an incident bundle gets."""
 
 
 class WireSource(Protocol):
@@ -58,25 +56,6 @@ class WireSource(Protocol):
 class Reporter(Protocol):
     def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
         """Called after every probe round, with the round's transitions (maybe none)."""
-
-
-def warn_blind_spots(settings: WatchSettings, profile: EngineProfile) -> None:
-    """Say once where this engine's metrics cannot carry the verdict with these settings."""
-    if profile.progress_needs_canary and not settings.probe.canary:
-        log.warning(
-            "%s: %s moves its progress series only when a request finishes: with --no-canary "
-            "a long healthy generation cannot be told from a hang",
-            settings.url,
-            profile.name,
-        )
-    if settings.detector.stall_seconds <= profile.work_gauge_lag_s and not settings.probe.canary:
-        log.warning(
-            "%s: %s's work gauges can stay stale for %.0f s: keep --stall-seconds above that "
-            "or the canary on",
-            settings.url,
-            profile.name,
-            profile.work_gauge_lag_s,
-        )
 
 
 class Watcher:
@@ -107,14 +86,14 @@ class Watcher:
         self.profile = PROFILES.get(settings.engine, VLLM)
         self.detecting = settings.engine == "auto"
         self.detector = Detector(settings.detector)
-        self.timeline: deque[dict[str, Any]] = deque()
-        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.rounds_records = RoundRecords()
+        self.timeline = self.rounds_records.timeline
+        self.listeners = self.rounds_records.listeners
         self.wire: WireSource | None = None
         """The guard in front of this engine, if one runs in this process."""
         self.stuck_listeners: list[Callable[[list[StuckRequest]], None]] = []
         """Told each round's stuck requests (the supervisor)."""
         self.rounds = 0
-        self._round: list[dict[str, Any]] = []
         if not self.detecting:
             warn_blind_spots(settings, self.profile)
             self._adopt(self.profile)
@@ -336,20 +315,11 @@ class Watcher:
             self._canary_task.add_done_callback(lambda _: self.woken.set())
 
     def _remember(self, rec: dict[str, Any]) -> None:
-        """Hold a record until the round ends: probes finish in any order."""
         if self.records:
-            self._round.append(rec)
+            self.rounds_records.hold(rec)
 
     def _publish(self) -> None:
-        """The round's records, in time order, into the timeline (for bundles) and to the trace
-        writers: a trace must replay in the order the detector judged it."""
-        for rec in sorted(self._round, key=lambda r: float(r["t"])):
-            self.timeline.append(rec)
-            for listener in self.listeners:
-                listener(rec)
-        self._round.clear()
-        while self.timeline and self.timeline[-1]["t"] - self.timeline[0]["t"] > TIMELINE_SECONDS:
-            self.timeline.popleft()
+        self.rounds_records.publish()
 
 
 def _gpu_probe(settings: WatchSettings, given: GpuProbe | None) -> GpuProbe | None:
