@@ -38,6 +38,7 @@ from engine_watchdog.core.settings import (
     WatchSettings,
     validate,
 )
+from engine_watchdog.net.http import error_text
 from engine_watchdog.report.console import transition_text
 from engine_watchdog.runtime.runner import run_watch
 from engine_watchdog.sim.gpu import GpuUnavailableError, load_torch
@@ -152,7 +153,7 @@ async def post(url: str, body: dict[str, object], timeout_s: float = 10.0) -> in
     async with aiohttp.ClientSession() as session:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with session.post(url, json=body, timeout=timeout) as resp:
-            await resp.read()
+            await error_text(resp)  # drained, bounded: only the status matters
             return resp.status
 
 

@@ -31,6 +31,7 @@ from engine_watchdog.core.settings import (
     parse_actions,
     validate,
 )
+from engine_watchdog.net.access import load_api_key, tls_context
 
 
 def _events_target(value: str) -> str | None:
@@ -55,6 +56,11 @@ def _pids(values: Sequence[int]) -> tuple[int, ...]:
     return tuple(values)
 
 
+def _ca_file(path: Path) -> Path:
+    tls_context(path)  # a file that cannot be loaded is a usage error now, not a probe error later
+    return path
+
+
 PROBE = OptionGroup(
     ProbeSettings,
     Opt("--interval", "interval_s", "Seconds between probe rounds.", float),
@@ -71,6 +77,26 @@ PROBE = OptionGroup(
         int,
         multiple=True,
         convert=_pids,
+    ),
+    Opt(
+        "--max-scrape-bytes",
+        "max_scrape_bytes",
+        "A /metrics body larger than this is an error (the read stops there).",
+        int,
+    ),
+    Opt(
+        "--ca-file",
+        "ca_file",
+        "PEM file of the CA(s) to trust for an https engine (default: the system's).",
+        click.Path(dir_okay=False, path_type=Path),
+        convert=_ca_file,
+    ),
+    Opt(
+        "--api-key-file",
+        "api_key_file",
+        "File holding the engine's API key (vLLM --api-key) for the canary and the abort; "
+        "else ENGINE_WATCHDOG_API_KEY, else VLLM_API_KEY. Never give the key as an argument.",
+        click.Path(dir_okay=False, path_type=Path),
     ),
 )
 DETECTOR = OptionGroup(
@@ -293,7 +319,7 @@ def watch_settings(kw: dict[str, Any], url: str = "") -> WatchSettings:
     settings = WatchSettings(
         url="",
         engine=ENGINE.take(kw),
-        probe=PROBE.take(kw),
+        probe=_with_api_key(PROBE.take(kw)),
         detector=DETECTOR.take(kw),
         policy=POLICY.take(kw),
         capture=CAPTURE.take(kw),
@@ -306,6 +332,11 @@ def watch_settings(kw: dict[str, Any], url: str = "") -> WatchSettings:
             settings = replace(settings, **{name: one.take(kw)})
     all_consumed(kw)
     return for_target(settings, url) if url else settings
+
+
+def _with_api_key(probe: ProbeSettings) -> ProbeSettings:
+    """The engine's API key, from --api-key-file or the environment (read once, at start)."""
+    return replace(probe, api_key=load_api_key(probe.api_key_file))
 
 
 def for_each(base: WatchSettings, urls: list[str]) -> list[WatchSettings]:

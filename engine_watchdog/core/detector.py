@@ -9,15 +9,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine_watchdog.core.judging import RestartWindow, Track, busy_state, judge_canary
-from engine_watchdog.core.judging import movement as _movement
+from engine_watchdog.core.judging import (
+    Counters,
+    RestartWindow,
+    Track,
+    busy_state,
+    flapping_note,
+    judge_canary,
+)
 from engine_watchdog.core.model import (
     CanaryObs,
     Cause,
-    EngineSample,
     GpuObs,
     GuardObs,
     HealthObs,
+    Note,
     Observation,
     ProcsObs,
     RestartObs,
@@ -57,6 +63,9 @@ class Detector:
         self.wire = Wire()
         self.requests = RequestJudge(self.settings.request_stall_seconds)
         self._stuck: list[StuckRequest] = []
+        self.notes: list[Note] = []
+        """Odd things judged, each kind once (the watcher logs them); data, not logging."""
+        self._noted: set[str] = set()
 
     @property
     def verdicts(self) -> dict[str, Verdict]:
@@ -126,25 +135,10 @@ class Detector:
             track = self._tracks.setdefault(
                 sample.engine, Track(Verdict(obs.t, sample.engine, State.STARTING))
             )
-            self._update(track, sample, obs.t, reconnected)
+            if track.fold(sample, obs.t, reconnected):
+                self._note(track, flapping_note(sample.engine))
             changes += self._evaluate(track, obs.t)
         return changes
-
-    def _update(self, track: Track, s: EngineSample, t: float, reconnected: bool) -> None:
-        """Fold a new sample into the rank's memory: movement, restarts, the quiet clock."""
-        moved, reset = _movement(track.last, s)
-        track.last, track.moved = s, moved
-        if reset:
-            track.note = "counters went backwards: the engine restarted"
-        if moved or reset:
-            track.last_progress_t = t
-            track.wedged = False
-        work = (s.running or 0) > 0 or (s.waiting or 0) > 0
-        if s.asleep or not work:
-            track.quiet_since = None
-        elif moved or reset or reconnected or track.quiet_since is None:
-            # A gap in observation is not evidence of a stall: restart the clock after one.
-            track.quiet_since = t
 
     def _on_scrape_error(self, obs: ScrapeObs) -> list[Transition]:
         if self._unreachable_since is None:
@@ -212,6 +206,7 @@ class Detector:
         self.signals = Signals()
         for track in self._tracks.values():
             track.quiet_since, track.wedged, track.moved = None, False, False
+            track.counters = Counters()  # the next engine counts from zero: no flapping
         return self._set_restarting(obs.t, obs.detail or None)
 
     def _old_engine_answers(self, obs: ScrapeObs) -> list[Transition]:
@@ -248,6 +243,13 @@ class Detector:
                 track.quiet_since = max(track.quiet_since, last)
             track.wedged = False
         return self._reevaluate(obs.t)
+
+    def _note(self, track: Track, note: Note) -> None:
+        """Say an odd thing once: into the notes (logged) and the rank's next evidence."""
+        if note.kind not in self._noted:
+            self._noted.add(note.kind)
+            self.notes.append(note)
+            track.note = note.text
 
     # -- judgement -------------------------------------------------------------------------
 

@@ -93,6 +93,15 @@ class Result(Word):
 
 
 @dataclass(frozen=True)
+class Note:
+    """Something odd in what a probe read or the detector judged, said once in the log (its
+    ``kind`` is what "once" counts by) and kept in the evidence."""
+
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True)
 class EngineSample:
     """One data-parallel rank's series from one scrape."""
 
@@ -102,8 +111,12 @@ class EngineSample:
     kv_usage: float | None
     asleep: bool
     progress: dict[str, float] = field(default_factory=dict)
-    """Logical progress signal (profile key) -> counter value; NaN values are left out. A key
-    starting with "~" is carried by a gauge: any change is progress, a drop is no restart."""
+    """Logical progress signal (profile key) -> counter value; NaN, infinite and negative
+    counter values are left out. A key starting with "~" is carried by a gauge: any change is
+    progress, a drop is no restart."""
+    unknown: tuple[str, ...] = ()
+    """Work gauges ("running", "waiting") whose series are there but hold no number (NaN,
+    infinite or negative): unknown, which is not zero (the detector decides what it means)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +131,8 @@ class ScrapeObs:
     """One line for humans saying what was found and what to check."""
     status: int | None = None
     elapsed_s: float | None = None
+    notes: tuple[Note, ...] = ()
+    """Odd values in the exposition (duplicate series, negative counters, NaN gauges)."""
 
 
 @dataclass(frozen=True)

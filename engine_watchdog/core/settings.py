@@ -27,6 +27,31 @@ class CannotWriteError(Exception):
     exit_code = 73
 
 
+class Secret:
+    """A value that must never be written anywhere: ``repr`` and ``str`` hide it, and it is not
+    JSON-able, so it cannot slip into a log line, a trace or /status by accident. ``reveal()``
+    is for the one place that sends it (an Authorization header)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret(<redacted>)"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
 @dataclass(frozen=True)
 class ProbeSettings:
     interval_s: float = 1.0
@@ -34,7 +59,8 @@ class ProbeSettings:
     scrape_timeout_s: float = 10.0
     """Timeout of one GET /metrics or /health. Longer than the interval is allowed."""
     max_scrape_bytes: int = 16 * 1024 * 1024
-    """A /metrics body larger than this is an error (protects the watchdog's memory)."""
+    """A /metrics body larger than this is an error (protects the watchdog's memory); the read
+    stops there, it never truncates."""
     health: bool = True
     """Also poll the engine's /health (tells a dead engine from an unreachable one)."""
     health_every_round: bool = True
@@ -51,6 +77,14 @@ class ProbeSettings:
     """Sample the GPUs through NVML (off by itself, said once, where there is none)."""
     pids: tuple[int, ...] = ()
     """Engine processes given explicitly; empty: found from the server's port and titles."""
+    ca_file: Path | None = None
+    """PEM file of the certificate authorities to trust for an https engine; None: the
+    system's."""
+    api_key_file: Path | None = None
+    """File holding the engine's API key (vLLM's --api-key), for the canary and the abort."""
+    api_key: Secret | None = None
+    """The key itself, read from api_key_file or the environment by the command line (never
+    from an argument: it would show in the process table)."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +288,8 @@ def validate(settings: WatchSettings) -> WatchSettings:
         raise SettingsError("--stall-seconds must be at least twice --interval")
     if p.canary_timeout_s <= 0:
         raise SettingsError("--canary-timeout must be > 0 seconds")
+    if p.max_scrape_bytes < 1024:
+        raise SettingsError("--max-scrape-bytes must be at least 1024")
     if settings.listen is not None:
         parse_listen(settings.listen)
     validate_guard(settings.guard)

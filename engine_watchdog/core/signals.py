@@ -71,14 +71,17 @@ class Signals:
         """Evidence since ``since`` that makes waiting for --stall-seconds pointless.
 
         A failed canary counts when nothing contradicts it: an engine whose processes work (CPU)
-        or whose GPU computes may just be slow (a step every 25 s outlasts an 8 s canary)."""
+        or whose GPU computes while the canary waits may just be slow (a step every 25 s
+        outlasts an 8 s canary). While it waits, not since the spell began: the last step's own
+        CPU (a real vLLM's CPU worker burned 0.7 s in the second after its engine core blocked)
+        would otherwise hide an idle engine for many seconds more."""
         hard = self._stopped(since) or self._gpu_spin(since)
         if hard is not None:
             return hard
-        canary = self._canary_failed(since)
-        if canary is None or self._busy_elsewhere(since):
+        failed = self.canary_failed_since(since)
+        if failed is None or self._busy_elsewhere(failed.sent):
             return None  # a busy engine may be in a long step: wait for --stall-seconds
-        return canary
+        return Finding(Cause.NO_PROGRESS, f"canary request failed: {failed.error}")
 
     def cause(self, since: float, t: float) -> Finding | None:
         """The most specific cause the evidence since ``since`` supports: processes and GPUs

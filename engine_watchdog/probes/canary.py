@@ -2,15 +2,15 @@
 
 Sent only when the detector asks (progress flat with work present, or now and then while idle).
 A completed canary proves the engine alive; one that times out is strong evidence of a stall.
-Errors that say more about the canary than the engine (401 with --api-key, 404 for a wrong
-model) are reported as ``unusable:...`` and never count as evidence.
+Errors that say more about the canary than the engine (401 without the engine's --api-key,
+404 for a wrong model, an answer that is not an OpenAI one) are reported as ``unusable:...`` and
+never count as evidence. No answer, however bad, raises: each ends as an observation.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import json
+import secrets
 import time
 from collections.abc import Callable
 
@@ -18,9 +18,17 @@ import aiohttp
 
 from engine_watchdog.core.model import CanaryObs
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.net.http import error_code
+from engine_watchdog.net.access import OPEN, Access
+from engine_watchdog.net.errors import TLS, TOO_LARGE
+from engine_watchdog.net.http import Answer, fetch
 
 _ids = itertools.count(1)
+_RUN = secrets.token_hex(4)
+"""In every canary's id, so that two watchdogs on one engine (a sidecar and a fleet watcher)
+never share one: the simulator, like vLLM releases whose output processor refused a duplicate,
+answers 400 "Request id ... already running" to the second in flight (seen with four watchdogs
+on one simulator), and an abort by id would end the other watchdog's canary."""
+UNUSABLE = "unusable:"
 
 
 class Canary:
@@ -33,8 +41,10 @@ class Canary:
         profile: EngineProfile,
         timeout_s: float = 8.0,
         clock: Callable[[], float] = time.time,
+        access: Access = OPEN,
     ) -> None:
         self.session = session
+        self.access = access
         self.base_url = base_url
         self.profile = profile
         self.timeout_s = timeout_s
@@ -44,62 +54,109 @@ class Canary:
         """Engine-side ids of canaries in flight (an abort by id can end them)."""
 
     async def send(self) -> CanaryObs:
-        sent = self.clock()
-        started = time.monotonic()
-        try:
-            model = self.model or await self._discover_model()
-            status, finish = await self._complete(model)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return CanaryObs(self.clock(), ok=False, error=error_code(exc), sent_t=sent)
-        except LookupError as exc:
-            return CanaryObs(self.clock(), ok=False, error=f"unusable: {exc}", sent_t=sent)
-        latency = time.monotonic() - started
-        if status == 200 and finish == "abort":
-            # Ended by an abort (ours, on a stuck engine): no proof of life.
-            return CanaryObs(self.clock(), ok=False, error="aborted", sent_t=sent)
-        if status == 200:
-            return CanaryObs(self.clock(), ok=True, latency_s=round(latency, 4), sent_t=sent)
-        # 5xx: the engine failed it (vLLM's EngineDeadError is a 500); 4xx: our request's fault.
-        error = f"http-{status}" if status >= 500 else f"unusable: http-{status}"
-        return CanaryObs(self.clock(), ok=False, latency_s=None, error=error, sent_t=sent)
+        """One canary; every answer, however bad, ends as an observation (never an exception)."""
+        sent, started = self.clock(), time.monotonic()
+        if self.model is None:
+            self.model, failure = await self._discover_model()
+            if self.model is None:
+                return CanaryObs(self.clock(), ok=False, error=failure, sent_t=sent)
+        # One bound for the whole canary, model discovery included ("slower than this: failed").
+        left = max(0.1, self.timeout_s - (time.monotonic() - started))
+        answer = await self._complete(self.model, left)
+        ok, error = _judge(answer)
+        latency = round(answer.elapsed_s, 4) if ok else None
+        return CanaryObs(self.clock(), ok=ok, latency_s=latency, error=error, sent_t=sent)
 
-    async def _discover_model(self) -> str:
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        url = self.base_url + self.profile.models_path
-        async with self.session.get(url, timeout=timeout) as resp:
-            if resp.status != 200:
-                raise LookupError(f"{self.profile.models_path} answered HTTP {resp.status}")
-            data = await resp.json(content_type=None)
-        models = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
-        if not models or not isinstance(models[0], str):
-            raise LookupError(f"{self.profile.models_path} lists no model")
-        self.model = models[0]
-        return self.model
+    async def _discover_model(self) -> tuple[str | None, str]:
+        """(the first model the engine serves, "") or (None, why not)."""
+        path = self.profile.models_path
+        answer = await fetch(
+            self.session, "GET", self.base_url + path, timeout_s=self.timeout_s, access=self.access
+        )
+        if answer.error in (TOO_LARGE, TLS):
+            return None, f"{UNUSABLE} {path}: {answer.error}"
+        if answer.error is not None or answer.status is None:
+            return None, answer.error or "no-answer"  # no answer at all: evidence, as any request
+        if answer.status != 200:
+            return None, f"{UNUSABLE} {path} answered HTTP {answer.status}"
+        doc = answer.json()
+        if doc is None:
+            return None, f"{UNUSABLE} {path} answered with something that is not JSON"
+        model = _first_model(doc)
+        if model is None:
+            return None, f"{UNUSABLE} {path} lists no model (not an OpenAI model list)"
+        return model, ""
 
-    async def _complete(self, model: str) -> tuple[int, str | None]:
-        """(HTTP status, the first choice's finish_reason)."""
+    async def _complete(self, model: str, timeout_s: float) -> Answer:
         # A request id of our own: a stuck canary can be aborted by id where the engine allows.
-        request_id = f"engine-watchdog-canary-{next(_ids)}"
-        headers = {"X-Request-Id": request_id}
+        request_id = f"engine-watchdog-canary-{_RUN}-{next(_ids)}"
         # vLLM tracks a completion as cmpl-<X-Request-Id>-<prompt index> (openai/completion/
         # serving.py); that is the id its abort endpoint takes.
         engine_id = self.profile.canary_id_format.format(request_id)
         body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0.0}
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         url = self.base_url + self.profile.completions_path
         self.pending.add(engine_id)
         try:
-            async with self.session.post(url, json=body, headers=headers, timeout=timeout) as resp:
-                text = await resp.text()
-                return resp.status, _finish_reason(text) if resp.status == 200 else None
+            return await fetch(
+                self.session,
+                "POST",
+                url,
+                timeout_s=timeout_s,
+                access=self.access,
+                json_body=body,
+                headers={"X-Request-Id": request_id},
+            )
         finally:
             self.pending.discard(engine_id)
 
 
-def _finish_reason(text: str) -> str | None:
-    try:
-        choices = json.loads(text).get("choices") or [{}]
-        reason = choices[0].get("finish_reason")
-    except (ValueError, AttributeError, IndexError):
+def _judge(answer: Answer) -> tuple[bool, str | None]:
+    """(ok, error) of a completion's answer."""
+    if answer.error in (TOO_LARGE, TLS):
+        return False, f"{UNUSABLE} completion: {answer.error}"
+    if answer.error is not None or answer.status is None:
+        return False, answer.error or "no-answer"  # timeout, disconnected...: evidence
+    if answer.status >= 500:
+        return False, f"http-{answer.status}"  # the engine failed it (EngineDeadError is a 500)
+    if answer.status != 200:
+        return False, f"{UNUSABLE} http-{answer.status}"  # our request's fault (4xx)
+    choice = _first_choice(answer.json())
+    if choice is None:
+        return False, f"{UNUSABLE} the completion answer is not an OpenAI completion"
+    if choice.get("finish_reason") == "abort":
+        return False, "aborted"  # ended by an abort (ours, on a stuck engine): no proof of life
+    return True, None
+
+
+def _first_model(doc: object) -> str | None:
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
         return None
-    return reason if isinstance(reason, str) else None
+    ids = [m.get("id") for m in data if isinstance(m, dict)]
+    return ids[0] if ids and isinstance(ids[0], str) and ids[0] else None
+
+
+def _first_choice(doc: object) -> dict[str, object] | None:
+    """The first of an answer's ``choices``; None when it is not an OpenAI completion."""
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    return choices[0]
+
+
+def unusable_hint(error: str, has_key: bool) -> tuple[str, str] | None:
+    """(kind, one line naming the fix) for a canary that cannot be used, said once; or None."""
+    if not error.startswith(UNUSABLE):
+        return None
+    if "401" in error or "403" in error:
+        if has_key:
+            return "auth", (
+                f"the engine refuses the canary's API key ({error}): give the key it was "
+                "started with (--api-key-file, ENGINE_WATCHDOG_API_KEY or VLLM_API_KEY)"
+            )
+        return "auth", (
+            f"the engine wants an API key for the canary ({error}): give it with "
+            "--api-key-file PATH or ENGINE_WATCHDOG_API_KEY (vLLM's VLLM_API_KEY is read too); "
+            "until then stalls are called only after --stall-seconds"
+        )
+    return error, f"the canary cannot be used ({error}); it proves nothing until that is fixed"

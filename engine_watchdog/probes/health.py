@@ -3,14 +3,18 @@ vLLM answers 200 while its engine core hangs, and 503 only once it is known dead
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
 import aiohttp
 
 from engine_watchdog.core.model import HealthObs
-from engine_watchdog.net.http import error_code
+from engine_watchdog.net.access import OPEN, Access
+from engine_watchdog.net.http import fetch
+
+MAX_HEALTH_BYTES = 64 * 1024
+"""vLLM's /health has an empty body; a long one is not an engine's (an endless body once took
+the watchdog to 286 MB when it was read whole)."""
 
 
 async def probe_health(
@@ -18,12 +22,12 @@ async def probe_health(
     url: str,
     timeout_s: float,
     clock: Callable[[], float] = time.time,
+    access: Access = OPEN,
 ) -> HealthObs:
     t = clock()
-    try:
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with session.get(url, timeout=timeout) as resp:
-            await resp.read()
-            return HealthObs(t, status=resp.status)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return HealthObs(t, status=None, error=error_code(exc))
+    answer = await fetch(
+        session, "GET", url, timeout_s=timeout_s, max_bytes=MAX_HEALTH_BYTES, access=access
+    )
+    if answer.error is not None:
+        return HealthObs(t, status=None, error=answer.error)
+    return HealthObs(t, status=answer.status)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -11,10 +10,11 @@ from dataclasses import dataclass
 import aiohttp
 
 from engine_watchdog.core.exposition import Sample, is_number, parse_samples, series_names
-from engine_watchdog.core.model import EngineSample, ScrapeObs
-from engine_watchdog.core.redact import redact_url
+from engine_watchdog.core.model import EngineSample, Note, ScrapeObs
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.net.http import error_code
+from engine_watchdog.net.access import OPEN, Access
+from engine_watchdog.net.errors import TOO_LARGE
+from engine_watchdog.net.http import fetch
 
 GAUGE_MARK = "~"
 """Prefix of progress keys carried by gauges (any change is progress, a drop no restart)."""
@@ -32,18 +32,6 @@ class RawScrape:
     detail: str | None = None
 
 
-async def fetch_text(
-    session: aiohttp.ClientSession, url: str, timeout_s: float, max_bytes: int
-) -> tuple[int, str]:
-    """GET ``url``; raises ValueError when the body exceeds ``max_bytes``."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with session.get(url, timeout=timeout) as resp:
-        body = await resp.content.read(max_bytes + 1)
-        if len(body) > max_bytes:
-            raise ValueError(f"body larger than {max_bytes} bytes")
-        return resp.status, body.decode("utf-8", errors="replace")
-
-
 async def scrape(
     session: aiohttp.ClientSession,
     url: str,
@@ -51,21 +39,20 @@ async def scrape(
     timeout_s: float,
     max_bytes: int,
     clock: Callable[[], float] = time.time,
+    access: Access = OPEN,
 ) -> RawScrape:
+    """GET /metrics, read to its end (or to ``max_bytes``: then a too-large error)."""
     t = clock()
-    started = time.monotonic()
-    try:
-        status, body = await fetch_text(session, url, timeout_s, max_bytes)
-    except ValueError as exc:
-        detail = redact_url(f"{url}: {exc}; raise --max-scrape-bytes")
-        return RawScrape(t, error="too-large", detail=detail)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        code = error_code(exc)
-        # The URL may hold credentials (only to connect): a detail reaches traces and logs.
-        detail = redact_url(f"{url}: {code} ({exc or type(exc).__name__})")
+    answer = await fetch(
+        session, "GET", url, timeout_s=timeout_s, max_bytes=max_bytes, access=access
+    )
+    if answer.error == TOO_LARGE:
+        detail = f"{answer.detail}; raise --max-scrape-bytes (now {max_bytes})"
+        return RawScrape(t, error=TOO_LARGE, detail=detail, elapsed_s=answer.elapsed_s)
+    if answer.error is not None or answer.status is None:
         # How long it went unanswered is evidence too (an engine loop that answers /metrics).
-        return RawScrape(t, error=code, detail=detail, elapsed_s=time.monotonic() - started)
-    return RawScrape(t, status=status, body=body, elapsed_s=time.monotonic() - started)
+        return RawScrape(t, error=answer.error, detail=answer.detail, elapsed_s=answer.elapsed_s)
+    return RawScrape(t, status=answer.status, body=answer.text(), elapsed_s=answer.elapsed_s)
 
 
 def parse_scrape(raw: RawScrape, profile: EngineProfile) -> ScrapeObs:
@@ -76,15 +63,49 @@ def parse_scrape(raw: RawScrape, profile: EngineProfile) -> ScrapeObs:
     if raw.status != 200:
         detail = f"/metrics answered HTTP {raw.status}"
         return ScrapeObs(raw.t, error=f"http-{raw.status}", detail=detail, status=raw.status)
-    by_engine: dict[str, list[Sample]] = defaultdict(list)
-    for sample in parse_samples(raw.body, profile.wanted_series()):
-        by_engine[sample.labels.get(profile.engine_label, "0")].append(sample)
+    by_engine, duplicates = _by_engine(raw.body, profile)
     if not by_engine:
         return ScrapeObs(
             raw.t, error="no-engine-series", detail=_no_series_detail(raw.body, profile), status=200
         )
-    engines = tuple(_engine_sample(e, s, profile) for e, s in sorted(by_engine.items()))
-    return ScrapeObs(raw.t, engines=engines, status=200, elapsed_s=raw.elapsed_s)
+    notes = [_duplicates_note(duplicates)] if duplicates else []
+    engines = tuple(_engine_sample(e, s, profile, notes) for e, s in sorted(by_engine.items()))
+    first: dict[str, Note] = {}
+    for note in notes:
+        first.setdefault(note.kind, note)  # one of each kind a scrape (the ranks repeat them)
+    return ScrapeObs(
+        raw.t, engines=engines, status=200, elapsed_s=raw.elapsed_s, notes=tuple(first.values())
+    )
+
+
+def _by_engine(body: str, profile: EngineProfile) -> tuple[dict[str, list[Sample]], list[str]]:
+    """The wanted samples per rank, and the series that appeared more than once."""
+    by_engine: dict[str, list[Sample]] = defaultdict(list)
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    duplicates: list[str] = []
+    for sample in parse_samples(body, profile.wanted_series()):
+        key = (sample.name, tuple(sorted(sample.labels.items())))
+        if key in seen:
+            duplicates.append(_series_text(sample))
+        seen.add(key)
+        by_engine[sample.labels.get(profile.engine_label, "0")].append(sample)
+    return by_engine, duplicates
+
+
+def _duplicates_note(duplicates: list[str]) -> Note:
+    # Summed, like series of separate processes: whichever copy moves is progress (a stale copy
+    # left by another process cannot hide a live one, as keeping only the first could).
+    return Note(
+        "duplicate-series",
+        f"{len(duplicates)} series appear more than once in /metrics with the same labels "
+        f"(e.g. {duplicates[0]}): their values are summed; the exposition mixes several "
+        "processes or registries",
+    )
+
+
+def _series_text(sample: Sample) -> str:
+    labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+    return f"{sample.name}{{{labels}}}"
 
 
 def _no_series_detail(body: str, profile: EngineProfile) -> str:
@@ -106,25 +127,72 @@ def _values(samples: list[Sample], names: tuple[str, ...]) -> list[float] | None
     return None
 
 
-def _total(samples: list[Sample], names: tuple[str, ...]) -> float | None:
-    values = _values(samples, names)
-    return sum(values) if values else None
+def _first_present(samples: list[Sample], names: tuple[str, ...]) -> list[Sample]:
+    for name in names:
+        found = [s for s in samples if s.name == name]
+        if found:
+            return found
+    return []
 
 
-def _engine_sample(engine: str, samples: list[Sample], profile: EngineProfile) -> EngineSample:
+def _counter(samples: list[Sample], names: tuple[str, ...], notes: list[Note]) -> float | None:
+    """A counter's total; values that no counter can have (NaN, Inf, negative) left out, said."""
+    found = _first_present(samples, names)
+    good = [s.value for s in found if is_number(s.value) and s.value >= 0]
+    bad = [s for s in found if not (is_number(s.value) and s.value >= 0)]
+    if bad:
+        notes.append(
+            Note(
+                "bad-counter",
+                f"{_series_text(bad[0])} reads {bad[0].value}: no counter can; that value is "
+                "left out (neither progress nor a restart)",
+            )
+        )
+    return sum(good) if good else None
+
+
+def _work(
+    samples: list[Sample], names: tuple[str, ...], what: str, notes: list[Note]
+) -> tuple[float | None, bool]:
+    """(total, unknown) of a work gauge: unknown when it is there but holds no number."""
+    found = _first_present(samples, names)
+    good = [s.value for s in found if is_number(s.value) and s.value >= 0]
+    if found and not good:
+        notes.append(
+            Note(
+                "unknown-work",
+                f"{_series_text(found[0])} reads {found[0].value}: how many requests are "
+                f"{what} is unknown, not zero; the last number read is kept (none yet: work "
+                "counts as present, and the canary tells a hang from idle)",
+            )
+        )
+        return None, True
+    return (sum(good) if good else None), False
+
+
+def _engine_sample(
+    engine: str, samples: list[Sample], profile: EngineProfile, notes: list[Note]
+) -> EngineSample:
     kv = _values(samples, profile.kv_usage)
     progress = {}
     for key, names in profile.progress.items():
-        value = _total(samples, names)
-        if value is not None:
-            progress[GAUGE_MARK + key if key in profile.gauge_progress else key] = value
+        if key in profile.gauge_progress:
+            gauge = _values(samples, names)
+            if gauge:
+                progress[GAUGE_MARK + key] = sum(gauge)
+        elif (value := _counter(samples, names, notes)) is not None:
+            progress[key] = value
+    running, running_unknown = _work(samples, profile.running, "running", notes)
+    waiting, waiting_unknown = _work(samples, profile.waiting, "waiting", notes)
+    unknown = (("running",) if running_unknown else ()) + (("waiting",) if waiting_unknown else ())
     return EngineSample(
         engine=engine,
-        running=_total(samples, profile.running),
-        waiting=_total(samples, profile.waiting),
+        running=running,
+        waiting=waiting,
         kv_usage=max(kv) if kv else None,
         asleep=_asleep(samples, profile),
         progress=progress,
+        unknown=unknown,
     )
 
 

@@ -24,6 +24,7 @@ from engine_watchdog.capture.tools import tools_with
 from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
 from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
 from engine_watchdog.engines.profile import EngineProfile
+from engine_watchdog.net.access import Access
 from engine_watchdog.net.http import get_json
 from engine_watchdog.recovery.abort import abort_requests
 from engine_watchdog.recovery.restart import (
@@ -54,6 +55,10 @@ class EngineHandle(Protocol):
 
     @property
     def session(self) -> aiohttp.ClientSession: ...
+
+    @property
+    def access(self) -> Access:
+        """TLS trust and API key for the engine's URL (its abort routes are guarded too)."""
 
     @property
     def profile(self) -> EngineProfile:
@@ -128,7 +133,7 @@ class EngineActions:
     async def abort(self) -> Outcome:
         e = self.engine
         ids = sorted(e.known_request_ids())
-        return await abort_requests(e.session, e.base_url, e.profile, ids)
+        return await abort_requests(e.session, e.base_url, e.profile, ids, access=e.access)
 
     async def restart(self, stalled_since: float) -> Outcome:
         if self.restarter is not None:
@@ -155,7 +160,7 @@ class EngineActions:
     async def paused(self) -> bool:
         """vLLM dev mode's /is_paused; it waits on a hung engine's loop, so a timeout is 'no'."""
         e = self.engine
-        doc = await get_json(e.session, e.base_url + "/is_paused", PAUSED_TIMEOUT_S)
+        doc = await get_json(e.session, e.base_url + "/is_paused", PAUSED_TIMEOUT_S, e.access)
         return bool(isinstance(doc, dict) and doc.get("is_paused"))
 
     def same_host(self) -> bool:

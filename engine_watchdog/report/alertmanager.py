@@ -25,6 +25,7 @@ import aiohttp
 
 from engine_watchdog.core.model import Cause, Outcome, Result, State, Transition, Verdict
 from engine_watchdog.core.redact import redact_url
+from engine_watchdog.net.http import error_text
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ async def push_alerts(
     payload = [a.to_api() for a in alerts]
     async with session.post(url, json=payload, timeout=timeout) as resp:
         if resp.status // 100 != 2:
-            text = (await resp.text())[:300]
+            text = await error_text(resp, 300)
             raise AlertmanagerError(f"POST {url}: HTTP {resp.status}: {text.strip()}")
 
 

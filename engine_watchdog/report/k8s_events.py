@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from engine_watchdog.core.model import Outcome, State, Transition, Verdict
+from engine_watchdog.net.http import error_text
 
 log = logging.getLogger(__name__)
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -132,7 +133,7 @@ class EventsReporter:
             url, json=event, headers=headers, ssl=ctx, timeout=timeout
         ) as r:
             if r.status // 100 != 2:
-                raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
+                raise RuntimeError(f"HTTP {r.status}: {await error_text(r)}")
 
 
 def _tls(ca_file: Path | None) -> ssl.SSLContext:

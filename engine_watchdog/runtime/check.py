@@ -33,7 +33,7 @@ SOCKETS_PER_CHECK = 3
 FD_RESERVE = 64
 """File descriptors kept for everything else (logs, the event loop, DNS, NVML)."""
 # Scrape errors that will not heal by waiting: give up at once.
-_HOPELESS = ("connection-refused", "no-engine-series", "http-404", "too-large")
+_HOPELESS = ("connection-refused", "no-engine-series", "http-404", "too-large", "tls")
 _QUIET = (State.IDLE, State.SLEEPING)
 
 

@@ -1,4 +1,5 @@
-"""Writing a trace (``watch --record``, ``record -o``): the format is in runtime/trace.py.
+"""Writing a trace (``watch --record``, ``record -o``): the format is in runtime/trace.py; and
+the round's records on their way to it and to the incident timeline.
 
 The file is private (0600, like everything the watchdog writes: traces hold the engine's
 process titles and errors). A trace that cannot be opened is bad input (exit 73, one line); one
@@ -12,6 +13,8 @@ import contextlib
 import json
 import logging
 import os
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +57,30 @@ class TraceWriter:
     def close(self) -> None:
         with contextlib.suppress(OSError):  # what a full disk kept in the buffer is lost
             self._file.close()
+
+
+TIMELINE_SECONDS = 600.0
+"""How much recorded history an incident bundle gets."""
+
+
+class RoundRecords:
+    """A probe round's records, held until the round ends (probes finish in any order), then
+    published in time order into the timeline (for bundles) and to the trace writers: a trace
+    must replay in the order the detector judged it."""
+
+    def __init__(self) -> None:
+        self.timeline: deque[dict[str, Any]] = deque()
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._round: list[dict[str, Any]] = []
+
+    def hold(self, rec: dict[str, Any]) -> None:
+        self._round.append(rec)
+
+    def publish(self) -> None:
+        for rec in sorted(self._round, key=lambda r: float(r["t"])):
+            self.timeline.append(rec)
+            for listener in self.listeners:
+                listener(rec)
+        self._round.clear()
+        while self.timeline and self.timeline[-1]["t"] - self.timeline[0]["t"] > TIMELINE_SECONDS:
+            self.timeline.popleft()

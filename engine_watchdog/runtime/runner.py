@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 EXIT_TASK_DIED = 70  # EX_SOFTWARE
 
 
+def print_line(line: str) -> None:
+    # Flushed: stdout is a pipe or a file in a container (block-buffered), and a log shipper or
+    # `tail -f` must see a stall when it is said, not 8 KB of verdicts later.
+    print(line, flush=True)
+
+
 async def probe_loop(
     watcher: Watcher, reporters: list[Reporter], rounds: int | None = None
 ) -> None:
@@ -43,7 +49,9 @@ async def probe_loop(
             reporter.report(watcher.target, changes, watcher.verdicts)
         done += 1
         next_at = max(next_at + interval, time.monotonic())
-        await asyncio.sleep(next_at - time.monotonic())
+        with contextlib.suppress(TimeoutError):  # a canary's end starts the next round early
+            await asyncio.wait_for(watcher.woken.wait(), next_at - time.monotonic())
+        watcher.woken.clear()
 
 
 def status_snapshot(targets: Sequence[Target]) -> dict[str, Any]:
@@ -75,7 +83,7 @@ async def run_guarded(tasks: dict[str, Task], stop: asyncio.Event) -> int:
 async def run_watch(
     settings: WatchSettings | Sequence[WatchSettings],
     stop: asyncio.Event | None = None,
-    out: Callable[[str], None] = print,
+    out: Callable[[str], None] = print_line,
     extra_reporters: list[Reporter] | None = None,
     command: list[str] | None = None,
     echo_engine: bool = True,

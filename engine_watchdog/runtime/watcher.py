@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
@@ -34,17 +33,18 @@ from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.engines import PROFILES, VLLM
 from engine_watchdog.engines.detect import detect_profile
 from engine_watchdog.engines.profile import EngineProfile
+from engine_watchdog.net.access import access_for
 from engine_watchdog.probes.canary import Canary
 from engine_watchdog.probes.engine_procs import ProcsProbe
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.health import probe_health
 from engine_watchdog.probes.metrics import parse_scrape, scrape
 from engine_watchdog.probes.procs import sample_procs_async
+from engine_watchdog.runtime.notices import Notices, warn_blind_spots
+from engine_watchdog.runtime.recording import RoundRecords
 from engine_watchdog.runtime.trace import encode, encode_scrape, encode_settings
 
 log = logging.getLogger(__name__)
-TIMELINE_SECONDS = 600.0
-"""How much recorded history an incident bundle gets."""
 
 
 class WireSource(Protocol):
@@ -56,25 +56,6 @@ class WireSource(Protocol):
 class Reporter(Protocol):
     def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
         """Called after every probe round, with the round's transitions (maybe none)."""
-
-
-def warn_blind_spots(settings: WatchSettings, profile: EngineProfile) -> None:
-    """Say once where this engine's metrics cannot carry the verdict with these settings."""
-    if profile.progress_needs_canary and not settings.probe.canary:
-        log.warning(
-            "%s: %s moves its progress series only when a request finishes: with --no-canary "
-            "a long healthy generation cannot be told from a hang",
-            settings.url,
-            profile.name,
-        )
-    if settings.detector.stall_seconds <= profile.work_gauge_lag_s and not settings.probe.canary:
-        log.warning(
-            "%s: %s's work gauges can stay stale for %.0f s: keep --stall-seconds above that "
-            "or the canary on",
-            settings.url,
-            profile.name,
-            profile.work_gauge_lag_s,
-        )
 
 
 class Watcher:
@@ -97,19 +78,22 @@ class Watcher:
         self.base_url = settings.connect_url or settings.url
         """Where the probes and the actions connect: the only holder of the URL's credentials."""
         self.session = session
+        self.access = access_for(settings.probe)
+        """TLS trust and API key for this engine (recovery's requests use them too)."""
         self.clock = clock
+        self.notices = Notices(self.target)
         # "auto": judged as vLLM until the first answer of /metrics names the engine.
         self.profile = PROFILES.get(settings.engine, VLLM)
         self.detecting = settings.engine == "auto"
         self.detector = Detector(settings.detector)
-        self.timeline: deque[dict[str, Any]] = deque()
-        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.rounds_records = RoundRecords()
+        self.timeline = self.rounds_records.timeline
+        self.listeners = self.rounds_records.listeners
         self.wire: WireSource | None = None
         """The guard in front of this engine, if one runs in this process."""
         self.stuck_listeners: list[Callable[[list[StuckRequest]], None]] = []
         """Told each round's stuck requests (the supervisor)."""
         self.rounds = 0
-        self._round: list[dict[str, Any]] = []
         if not self.detecting:
             warn_blind_spots(settings, self.profile)
             self._adopt(self.profile)
@@ -118,18 +102,20 @@ class Watcher:
         self._fed_t = 0.0
         self.last_scrape: ScrapeObs | None = None
         self.canary = Canary(
-            session, self.base_url, self.profile, settings.probe.canary_timeout_s, clock
+            session,
+            self.base_url,
+            self.profile,
+            settings.probe.canary_timeout_s,
+            clock,
+            self.access,
         )
         self._canary_task: asyncio.Task[CanaryObs] | None = None
+        self.woken = asyncio.Event()
+        """Set when a canary ends: its answer is judged at once, not a round later."""
         self._noted: list[RestartObs] = []
         pids = settings.probe.pids
         self.procs = ProcsProbe(None if pids else self.target, pids, self.profile, clock=clock)
-        self.gpu = (
-            gpu if gpu is not None else (GpuProbe(load_nvml()) if settings.probe.gpu else None)
-        )
-        if self.gpu is not None and (reason := self.gpu.start()):
-            log.info("GPU probe off: %s", reason)
-            self.gpu = None
+        self.gpu = _gpu_probe(settings, gpu)
 
     @property
     def verdicts(self) -> dict[str, Verdict]:
@@ -137,7 +123,13 @@ class Watcher:
 
     async def tick(self) -> list[Transition]:
         """One probe round: every probe concurrently, then judge in time order."""
-        probed = [o for o in await asyncio.gather(*self._probes()) if o is not None]
+        results = await asyncio.gather(*self._probes(), return_exceptions=True)
+        probed: list[Observation] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                self.notices.failed(result)
+            elif result is not None:
+                probed.append(result)
         changes: list[Transition] = []
         for obs in sorted(
             [*self._take_noted(), *self._canary_result(), *probed], key=lambda o: o.t
@@ -148,6 +140,8 @@ class Watcher:
         if stuck:
             for listener in self.stuck_listeners:
                 listener(stuck)
+        self.notices.notes(self.detector.notes)
+        self.detector.notes.clear()
         self._publish()
         self._maybe_send_canary()
         self.rounds += 1
@@ -226,6 +220,7 @@ class Watcher:
             timeout_s=probe.scrape_timeout_s,
             max_bytes=probe.max_scrape_bytes,
             clock=self.clock,
+            access=self.access,
         )
         if self.detecting and raw.body is not None:
             detail = self._detect(raw.body, raw.status or 0)
@@ -239,6 +234,7 @@ class Watcher:
             if self.profile.metrics_path != profile_path:
                 return await self._scrape()  # e.g. trtllm-serve's Prometheus text lives elsewhere
         obs = parse_scrape(raw, self.profile)
+        self.notices.notes(obs.notes)
         if self.records:
             if raw.body is not None:
                 # Traces keep only what the profile reads: a few KB instead of hundreds.
@@ -280,7 +276,7 @@ class Watcher:
     async def _health(self) -> Observation:
         url = self.base_url + self.profile.health_path
         obs = await probe_health(
-            self.session, url, self.settings.probe.scrape_timeout_s, self.clock
+            self.session, url, self.settings.probe.scrape_timeout_s, self.clock, self.access
         )
         self._remember(encode(obs))
         return obs
@@ -301,9 +297,12 @@ class Watcher:
         if task is None or not task.done():
             return []
         self._canary_task = None
+        if task.cancelled() or self.notices.failed(task.exception()):
+            return []
         # It may have ended while the last round's probes ran: judged now, after them, so that
         # time never runs backwards for the detector (nor in the trace).
         obs = replace(task.result(), t=max(task.result().t, self._fed_t))
+        self.notices.canary(obs, self.access.api_key is not None)
         self._remember(encode(obs))
         return [obs]
 
@@ -313,19 +312,19 @@ class Watcher:
             return
         if self.detector.canary_due(self.clock()) is not None:
             self._canary_task = asyncio.create_task(self.canary.send(), name="canary")
+            self._canary_task.add_done_callback(lambda _: self.woken.set())
 
     def _remember(self, rec: dict[str, Any]) -> None:
-        """Hold a record until the round ends: probes finish in any order."""
         if self.records:
-            self._round.append(rec)
+            self.rounds_records.hold(rec)
 
     def _publish(self) -> None:
-        """The round's records, in time order, into the timeline (for bundles) and to the trace
-        writers: a trace must replay in the order the detector judged it."""
-        for rec in sorted(self._round, key=lambda r: float(r["t"])):
-            self.timeline.append(rec)
-            for listener in self.listeners:
-                listener(rec)
-        self._round.clear()
-        while self.timeline and self.timeline[-1]["t"] - self.timeline[0]["t"] > TIMELINE_SECONDS:
-            self.timeline.popleft()
+        self.rounds_records.publish()
+
+
+def _gpu_probe(settings: WatchSettings, given: GpuProbe | None) -> GpuProbe | None:
+    gpu = given if given is not None else (GpuProbe(load_nvml()) if settings.probe.gpu else None)
+    if gpu is not None and (reason := gpu.start()):
+        log.info("GPU probe off: %s", reason)
+        return None
+    return gpu

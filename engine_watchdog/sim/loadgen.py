@@ -69,6 +69,7 @@ class StreamingLoad:
         prompt: str = DEFAULT_PROMPT,
         request_timeout_s: float = 300.0,
         deadline_s: float = 600.0,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.url = f"{base_url.rstrip('/')}/v1/completions"
         self.clients = clients
@@ -81,6 +82,8 @@ class StreamingLoad:
             "ignore_eos": True,  # random weights may emit EOS early; we want full-length streams
             "temperature": 0.0,
         }
+        self.headers = headers or {}
+        """Sent with every request (an Authorization header for an engine with an API key)."""
         self.request_timeout_s = request_timeout_s
         self.deadline_s = deadline_s
         self.counts = _Counts()
@@ -136,7 +139,9 @@ class StreamingLoad:
         counts.in_flight += 1
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
         try:
-            async with self._session.post(self.url, json=body, timeout=timeout) as resp:
+            async with self._session.post(
+                self.url, json=body, headers=self.headers, timeout=timeout
+            ) as resp:
                 if resp.status != 200:
                     counts.error(f"HTTP {resp.status}: {(await resp.text())[:200]}")
                     return False

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+import os
 import signal
 import sys
 import threading
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -35,10 +38,30 @@ LOG_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 VERSION = "0.33.0+sim"
 
 
+API_KEY_ENV = "VLLM_API_KEY"
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+"""vLLM's --api-key guards these (vllm/entrypoints/serve/middleware/authenticate.py); the
+simulator reads the key from the variable vLLM falls back to (vllm/envs.py), not an argument."""
+
+
+def _api_key_middleware(key: str) -> Any:
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method != "OPTIONS" and request.path.startswith(GUARDED_PREFIXES):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token, key):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return authenticate
+
+
 def build_app(
     settings: SimSettings, group: EngineGroup, metrics: SimMetrics, api_fault: ApiFault
 ) -> web.Application:
-    app = web.Application()
+    key = os.environ.get(API_KEY_ENV)
+    app = web.Application(middlewares=[_api_key_middleware(key)] if key else [])
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(status=503 if group.dead else 200)

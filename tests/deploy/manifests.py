@@ -85,12 +85,12 @@ class Rendering:
 
 
 # ---- kustomize ---------------------------------------------------------------------------
-KUSTOMIZE_EXPECT = {
-    "default": Expect(),
-    "baseline": Expect(ptrace=False),
-    "liveness": Expect(liveness=True),
-    "events": Expect(events=True),
-    "guard": Expect(guard=True),
+KUSTOMIZE_EXPECT = {  # the base engine and the sidecar read the optional Secret vllm-api-key
+    "default": Expect(api_key=True),
+    "baseline": Expect(ptrace=False, api_key=True),
+    "liveness": Expect(liveness=True, api_key=True),
+    "events": Expect(events=True, api_key=True),
+    "guard": Expect(guard=True, api_key=True),
 }
 
 

@@ -95,11 +95,17 @@ def vllm_server_factory(
             pytest.fail(f"vLLM {vllm_version} environment unavailable: {exc}", pytrace=False)
 
     def start(
-        extra_args: Sequence[str] = (), extra_env: Mapping[str, str] | None = None
+        extra_args: Sequence[str] = (),
+        extra_env: Mapping[str, str] | None = None,
+        api_key: str | None = None,
     ) -> VllmServer:
         log_dir = tmp_path_factory.mktemp("vllm")
         server = start_server(
-            vllm_env, log_dir / "server.log", extra_args=extra_args, extra_env=extra_env
+            vllm_env,
+            log_dir / "server.log",
+            extra_args=extra_args,
+            extra_env=extra_env,
+            api_key=api_key,
         )
         servers.append(server)
         print(f"\n[e2e] vLLM {vllm_version} ready on {server.base_url} in {server.startup_s:.1f} s")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_watchdog.sim.launcher import SimProcess
+from tests.tools.stub_engine import Route, StubEngine
 from tests.tools.watch import WatchProcess, start_watch, stop_watch
 from tests.waiting import eventually
 
@@ -55,6 +57,31 @@ async def sim_factory(tmp_path: Path) -> AsyncIterator[SimFactory]:
         for sim in sims:
             tail = "\n".join(sim.log_text().splitlines()[-25:])
             print(f"--- simulator {sim.args} log tail ({sim.log_path}) ---\n{tail}")
+
+
+StubFactory = Callable[..., Awaitable[StubEngine]]
+
+
+@pytest.fixture
+async def stub_engine() -> AsyncIterator[StubFactory]:
+    """Start stand-in engine servers in this test's loop (tests/tools/stub_engine.py):
+    ``await stub_engine({"/health": lambda: Body(endless=True)}, api_key=..., tls=ctx)``;
+    every one is stopped when the test ends."""
+    stubs: list[StubEngine] = []
+
+    async def start(
+        routes: dict[str, Route] | None = None,
+        api_key: str | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> StubEngine:
+        stub = StubEngine(routes=dict(routes or {}), api_key=api_key)
+        stubs.append(stub)
+        return await stub.start(tls)
+
+    try:
+        yield start
+    finally:
+        await asyncio.gather(*(stub.stop() for stub in stubs), return_exceptions=True)
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,12 @@ async def exercise(tmp: Path, run: Console, watch: Console) -> list[str]:
     await watch.start(*watch_args(url, tmp, listens[1], closed))
     await watch.reaches("idle", timeout=30)
     seen = [await endpoints(listen) for listen in listens]
-    async with StreamingLoad(f"http://127.0.0.1:{port}", clients=3, model="sim-model") as load:
+    # The engine enforces the key its environment gives it (VLLM_API_KEY, as vLLM does).
+    (key,) = [v.split("=", 1)[1] for v in FIX["env_prefix"] if v.startswith("VLLM_API_KEY=")]
+    auth = {"Authorization": f"Bearer {key}"}
+    async with StreamingLoad(
+        f"http://127.0.0.1:{port}", clients=3, model="sim-model", headers=auth
+    ) as load:
         await freeze(port, load)
         await watch.reaches("stalled", timeout=40)
         bundles = tmp / "watch" / "incidents"  # and its parent: both created 0700

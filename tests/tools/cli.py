@@ -32,7 +32,7 @@ class Ran:
         return doc
 
 
-async def run_cli(*args: str, timeout: float = 120.0) -> Ran:
+async def run_cli(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> Ran:
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         str(CONSOLE_SCRIPT),
@@ -40,6 +40,7 @@ async def run_cli(*args: str, timeout: float = 120.0) -> Ran:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
+        env=env,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)

@@ -99,6 +99,11 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out)
     build_model(out, tokenizer)
+    # safetensors writes its file 0600; a model is no secret, and the pod tests run the engine
+    # as another UID (1000), which must read it as a container image's model would be readable.
+    for path in out.iterdir():
+        path.chmod(0o644)
+    out.chmod(0o755)
     print(f"tiny model written to {out} (vocab {len(tokenizer)})")
     return 0
 

@@ -66,6 +66,8 @@ class VllmServer:
     port: int
     log_path: Path
     startup_s: float = 0.0
+    api_key: str | None = None
+    """The server was started with ``--api-key`` this key (its /v1 routes want it)."""
     _log: IO[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -144,10 +146,13 @@ def server_env(extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def http_get(url: str, timeout: float = HTTP_TIMEOUT_S) -> tuple[int, str]:
+def http_get(
+    url: str, timeout: float = HTTP_TIMEOUT_S, headers: Mapping[str, str] | None = None
+) -> tuple[int, str]:
     """GET ``url`` (loopback); return (status, body), status 0 when nothing answered."""
+    request = urllib.request.Request(url, headers=dict(headers or {}))
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return resp.status, resp.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
@@ -161,13 +166,16 @@ def launch_server(
     *,
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
+    api_key: str | None = None,
 ) -> VllmServer:
-    """Start a server in its own process group, its output to ``log_path``; do not wait."""
+    """Start a server in its own process group, its output to ``log_path``; do not wait.
+    With ``api_key``: ``--api-key`` it (vLLM then guards /v1 and /inference)."""
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("wb")
+    keyed = ["--api-key", api_key] if api_key else []
     proc = subprocess.Popen(  # fixed argv, no shell
-        server_argv(env, port, extra_args),
+        server_argv(env, port, [*extra_args, *keyed]),
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -175,7 +183,7 @@ def launch_server(
         cwd=log_path.parent,
         start_new_session=True,
     )
-    server = VllmServer(proc=proc, port=port, log_path=log_path, _log=log)
+    server = VllmServer(proc=proc, port=port, log_path=log_path, api_key=api_key, _log=log)
     LIVE_SERVERS.append(server)
     return server
 
@@ -187,10 +195,13 @@ def start_server(
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
     ready_timeout: float = READY_TIMEOUT_S,
+    api_key: str | None = None,
 ) -> VllmServer:
     """Start a server and wait until it serves; on any failure stop it and raise with its log."""
     started = time.monotonic()
-    server = launch_server(env, log_path, extra_args=extra_args, extra_env=extra_env)
+    server = launch_server(
+        env, log_path, extra_args=extra_args, extra_env=extra_env, api_key=api_key
+    )
     try:
         wait_ready(server, ready_timeout)
     except BaseException:
@@ -209,7 +220,8 @@ def wait_ready(server: VllmServer, timeout: float) -> None:
             raise VllmServerError(f"vLLM exited {rc} during start-up:\n{server.log_tail()}")
         health, _ = http_get(f"{server.base_url}/health")
         if health == 200:
-            status, body = http_get(f"{server.base_url}/v1/models")
+            auth = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else None
+            status, body = http_get(f"{server.base_url}/v1/models", headers=auth)
             if status == 200 and f'"{SERVED_MODEL}"' in body:
                 return
         time.sleep(0.5)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -36,14 +38,22 @@ class WatchProcess:
                     return doc
 
 
-async def start_watch(url: str, *args: str) -> WatchProcess:
+async def start_watch(
+    url: str, *args: str, stderr: Path | None = None, env: dict[str, str] | None = None
+) -> WatchProcess:
     """``engine-watchdog watch URL --json`` with its own /metrics port, in its own process
-    group (stop it with :func:`stop_watch`)."""
+    group (stop it with :func:`stop_watch`); its log goes to ``stderr`` when given."""
     listen = f"127.0.0.1:{free_port()}"
-    proc = await asyncio.create_subprocess_exec(
-        str(CONSOLE_SCRIPT), "watch", url, "--json", "--listen", listen, *args,
-        stdout=asyncio.subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+    # As a user's shell runs it: this host exports PYTHONUNBUFFERED, which once hid that --json
+    # lines sat in stdout's buffer when stdout was a pipe (a container's, a `| jq`).
+    env = {k: v for k, v in (os.environ if env is None else env).items()}
+    env.pop("PYTHONUNBUFFERED", None)
+    with contextlib.ExitStack() as files:
+        log = files.enter_context(stderr.open("wb")) if stderr is not None else None
+        proc = await asyncio.create_subprocess_exec(
+            str(CONSOLE_SCRIPT), "watch", url, "--json", "--listen", listen, *args,
+            stdout=asyncio.subprocess.PIPE, stderr=log, start_new_session=True, env=env,
+        )  # fmt: skip
     return WatchProcess(proc, listen)
 
 

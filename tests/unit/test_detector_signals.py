@@ -89,6 +89,24 @@ def test_failed_canary_makes_the_stall_fast() -> None:
     assert first_stall(seen) == (18.2, "no-progress")
 
 
+def test_the_last_steps_cpu_does_not_hide_a_failed_canary() -> None:
+    """Seen on a real vLLM (CPU build) deadlocked behind --api-key: its worker burned 0.73 s of
+    CPU in the second after the engine core blocked, then 0.02 cores. Averaged from the start
+    of the quiet spell that read as busy until 24 s; the canary waited on an idle engine, so
+    its failure is strong evidence when it comes (it was ignored, and the stall came ~8 s
+    later)."""
+
+    def worker(t: float) -> ProcsObs:
+        cpu = 70.0 if t < 5 else 70.73 + 0.02 * (t - 5)
+        core = ProcInfo(CORE, 1, "engine-core", "VLLM::EngineCore", "sleeping", 16.89)
+        return ProcsObs(T0 + t, (core, ProcInfo(102, 1, "worker", "VLLM::Worker", "sleeping", cpu)))
+
+    extra = every_second(40, worker)
+    extra[18].append(CanaryObs(T0 + 18.6, ok=False, error="timeout", sent_t=T0 + 10.2))
+    _, seen = run(frozen_engine(40, extra))
+    assert first_stall(seen) == (18.6, "no-progress")
+
+
 def test_completed_canaries_keep_a_quiet_long_prefill_alive() -> None:
     extra = {t: [CanaryObs(T0 + t + 0.5, ok=True, latency_s=0.3)] for t in range(10, 300, 10)}
     _, seen = run(frozen_engine(300, extra))

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine_watchdog.core.detector import Detector, DetectorSettings
+from engine_watchdog.core.judging import FLAP_WINDOW_S
 from engine_watchdog.core.model import (
     CanaryObs,
     EngineSample,
@@ -69,6 +70,8 @@ class Rank:
     waiting: int = 0
     kv: float = 0.0
     asleep: bool = False
+    restarted_t: float = -math.inf
+    before_restart: dict[str, float] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         lab = f'engine="{self.engine}",model_name="m"'
@@ -83,13 +86,20 @@ class Rank:
 
 
 @st.composite
-def rank_step(draw: st.DrawFn, rank: Rank) -> None:
-    """Advance one rank between two scrapes: counters move (or not, or reset), gauges change."""
+def rank_step(draw: st.DrawFn, rank: Rank, t: float) -> None:
+    """Advance one rank between two scrapes: counters move (or not, or reset), gauges change.
+    A restart comes at most once per FLAP_WINDOW_S (an engine start loads a model), and the new
+    engine's counters never land on exactly the old one's values: counters that do either are
+    flapping between two sources, which the detector reads differently (test_odd_values.py)."""
     for key in COUNTERS:
         if draw(st.integers(0, 3)) == 0:
             rank.counters[key] += draw(st.integers(1, 50))
-    if draw(st.integers(0, 40)) == 0:
+            if rank.counters[key] == rank.before_restart.get(key):
+                rank.counters[key] += 1  # exactly the old engine's value again reads as a flap
+    if draw(st.integers(0, 40)) == 0 and t - rank.restarted_t >= FLAP_WINDOW_S:
+        rank.before_restart = dict(rank.counters)
         rank.counters = dict.fromkeys(COUNTERS, 0.0)  # the engine restarted
+        rank.restarted_t = t
     if draw(st.integers(0, 3)) == 0:
         rank.kv = round(draw(st.floats(0.0, 1.0)), 3)
     rank.running = draw(st.sampled_from([0, 0, 1, 2, 4]))
@@ -156,7 +166,7 @@ def streams(draw: st.DrawFn, failed_canaries: bool = True, max_size: int = 150) 
         roll = draw(st.integers(0, 9))
         if roll < 5:
             for rank in ranks:
-                draw(rank_step(rank))
+                draw(rank_step(rank, t))
             body = "\n".join(line for r in ranks for line in r.lines()) + "\n"
             items.append(RawScrape(t, status=200, body=body, elapsed_s=0.003))
         elif roll == 5:
