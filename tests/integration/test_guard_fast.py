@@ -80,7 +80,7 @@ CUTS = cut(
 
 
 async def test_sse_bytes_pass_unchanged_however_the_engine_cuts_them(fast: bool) -> None:
-    async with raw_engine(CUTS) as engine, guarded(engine.url, fast) as (guard, url):
+    async with raw_engine(CUTS, "keep") as engine, guarded(engine.url, fast) as (guard, url):
         direct, direct_body = await read_all(engine.url)
         through, body = await read_all(url)
         async with aiohttp.ClientSession() as s:  # one connection to the guard, three streams
@@ -91,7 +91,8 @@ async def test_sse_bytes_pass_unchanged_however_the_engine_cuts_them(fast: bool)
     assert through.status == 200 and through.headers["X-Engine"] == "raw"
     assert through.headers["Content-Type"] == direct.headers["Content-Type"]
     assert guard.stats.events == 4 * 6 and guard.stats.outcomes["completed"] == 4
-    assert b"\r\nX-Request-Id: r-1\r\n" in engine.requests[-1]
+    assert b"\r\nX-Request-Id: r-1\r\n" in engine.requests[1]  # [0]: the direct one
+    assert all(b"\r\nX-Request-Id: " in request for request in engine.requests[2:])
 
 
 async def test_a_1mb_event_from_aiohttp_passes_unchanged(fast: bool) -> None:

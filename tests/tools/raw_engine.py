@@ -38,8 +38,8 @@ def cut(data: bytes, *at: int) -> list[bytes]:
 @dataclass
 class RawEngine:
     """Every request gets ``pieces``, one write each; then the connection is closed
-    (``then="close"``), reset (``"reset"``) or held until the other side closes it
-    (``"hold"``)."""
+    (``then="close"``), reset (``"reset"``), held until the other side closes it
+    (``"hold"``) or kept for the next request (``"keep"``, as uvicorn keeps it)."""
 
     pieces: list[bytes]
     then: str = "close"
@@ -51,17 +51,10 @@ class RawEngine:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            self.requests.append(head + await reader.readexactly(length))
-            for piece in self.pieces:
-                writer.write(piece)
-                await writer.drain()
-                await asyncio.sleep(PIECE_GAP_S)
+            async with asyncio.timeout(60):
+                await self._answer(reader, writer)
+                while self.then == "keep":
+                    await self._answer(reader, writer)
             if self.then == "reset":
                 sock = writer.get_extra_info("socket")
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -74,14 +67,37 @@ class RawEngine:
         finally:
             writer.close()
 
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        self.requests.append(head + await reader.readexactly(length))
+        for piece in self.pieces:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(PIECE_GAP_S)
+
 
 @contextlib.asynccontextmanager
 async def raw_engine(pieces: list[bytes], then: str = "close") -> AsyncIterator[RawEngine]:
     engine = RawEngine(pieces, then)
-    server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
+    tasks: set[asyncio.Task[None]] = set()
+
+    def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.ensure_future(engine.serve(reader, writer))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    server = await asyncio.start_server(connected, "127.0.0.1", 0)
     engine.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
         yield engine
     finally:
         server.close()
+        for task in list(tasks):  # every connection's task ended before the loop is
+            task.cancel()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
         await server.wait_closed()
