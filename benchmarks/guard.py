@@ -2,6 +2,7 @@
 side by side in one run (phases alternate direct, guard, direct, guard at each load).
 
     .venv/bin/python -m benchmarks.guard [--streams 64,256,1024] [--rate 25] [--seconds 10]
+    .venv/bin/python -m benchmarks.guard --streams 64,256,1024 --rate 25,25,5 --aiohttp
     .venv/bin/python -m benchmarks.guard --url http://127.0.0.1:8000 --model tiny --streams 16,64
     .venv/bin/python -m benchmarks.guard --vllm --streams 16,64 --naive   # starts the CPU vLLM
 
@@ -11,7 +12,9 @@ guard's added latency is the difference of the two phases' percentiles. A real e
 nothing: there the latency column is the time to the first event instead. The guard is the
 product itself (``engine-watchdog guard``, its detector included) in its own process; its CPU
 per event is its CPU time over the events it passed, its RSS per 1,000 streams the growth of
-its RSS with the streams open, from the idle guard.
+its RSS with the streams open, from the idle guard. ``--aiohttp`` also measures the guard
+with its fast path off (``--no-guard-fast-path``), ``--naive`` a 30-line aiohttp pass-through;
+``--rate`` takes one rate, or one per load (a simulator of its own for each rate).
 """
 
 from __future__ import annotations
@@ -132,15 +135,19 @@ async def run_phase(
     return phase
 
 
+PROXIES = {"guard": (), "guard-aiohttp": ("--no-guard-fast-path",), "naive": ()}
+"""The proxies measured: the guard (its fast path on), the guard on its aiohttp path only,
+the naive pass-through."""
+
+
 @contextlib.asynccontextmanager
-async def guard_process(
-    upstream: str, naive: bool = False
-) -> AsyncIterator[tuple[str, psutil.Process]]:
-    """The guard (``naive``: the 30-line pass-through it is measured against)."""
+async def guard_process(upstream: str, name: str) -> AsyncIterator[tuple[str, psutil.Process]]:
+    """One of PROXIES (``naive``: the 30-line pass-through the guard is measured against)."""
     port = free_port()
     argv = [str(CONSOLE_SCRIPT), "guard", upstream, "--guard-listen", f"127.0.0.1:{port}"]
     argv += ["--listen", f"127.0.0.1:{free_port()}", "--no-gpu", "--action", "none"]
-    if naive:
+    argv += PROXIES[name]
+    if name == "naive":
         argv = [sys.executable, "-m", "benchmarks.naive_proxy", upstream, str(port)]
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
@@ -204,13 +211,11 @@ HEAD = [
 
 
 async def bench(
-    upstream: str, model: str, loads: Sequence[int], seconds: float, rounds: int, naive: bool
+    upstream: str, model: str, loads: Sequence[int], seconds: float, rounds: int, names: list[str]
 ) -> list[Row]:
     rows = []
     async with contextlib.AsyncExitStack() as stack:
-        proxies = {"guard": await stack.enter_async_context(guard_process(upstream))}
-        if naive:
-            proxies["naive"] = await stack.enter_async_context(guard_process(upstream, True))
+        proxies = {n: await stack.enter_async_context(guard_process(upstream, n)) for n in names}
         for streams in loads:
             await asyncio.sleep(2)
             idle = {name: p.memory_info().rss / 2**20 for name, (_, p) in proxies.items()}
@@ -238,22 +243,30 @@ async def main_async(args: argparse.Namespace) -> None:
     raise_open_files_limit()  # 1,024 streams: more sockets than the usual soft limit
     loads = [int(n) for n in args.streams.split(",")]
     MAX_TOKENS[0] = args.max_tokens
+    names = ["guard", *(["guard-aiohttp"] if args.aiohttp else []), *(["naive"] * args.naive)]
     if args.vllm:
-        await asyncio.to_thread(bench_vllm, args, loads)
+        await asyncio.to_thread(bench_vllm, args, loads, names)
         return
     if args.url:
-        rows = await bench(args.url, args.model, loads, args.seconds, args.rounds, args.naive)
+        rows = await bench(args.url, args.model, loads, args.seconds, args.rounds, names)
         print(table(rows, stamped=False))
         return
-    sim_args = ["--served-model-name", "bench", "--tokens-per-second", str(args.rate)]
-    sim_args += ["--max-num-seqs", "4096", "--kv-capacity-tokens", "1000000000", "--stamp-events"]
-    sim_args += ["--no-preemption"]  # its KV accounting is linear per request: quadratic a step
-    async with SimProcess(*sim_args, startup_timeout=60) as sim:
-        rows = await bench(sim.url, "bench", loads, args.seconds, args.rounds, args.naive)
+    rates = [float(r) for r in args.rate.split(",")]
+    rates = rates * len(loads) if len(rates) == 1 else rates
+    if len(rates) != len(loads):
+        raise SystemExit("--rate: one rate, or one per load of --streams")
+    rows = []
+    for rate in dict.fromkeys(rates):  # each rate its simulator, in the order given
+        mine = [n for n, r in zip(loads, rates, strict=True) if r == rate]
+        sim_args = ["--served-model-name", "bench", "--tokens-per-second", str(rate)]
+        sim_args += ["--max-num-seqs", "4096", "--kv-capacity-tokens", "1000000000"]
+        sim_args += ["--stamp-events", "--no-preemption"]  # (KV accounting: quadratic a step)
+        async with SimProcess(*sim_args, startup_timeout=60) as sim:
+            rows += await bench(sim.url, "bench", mine, args.seconds, args.rounds, names)
     print(table(rows, stamped=True))
 
 
-def bench_vllm(args: argparse.Namespace, loads: list[int]) -> None:
+def bench_vllm(args: argparse.Namespace, loads: list[int], names: list[str]) -> None:
     """The real vLLM of the e2e tests (CPU, tiny model), started and stopped here."""
     from tests.tools.vllm_env import ensure_vllm_env
     from tests.tools.vllm_server import start_server, stop_server
@@ -261,7 +274,7 @@ def bench_vllm(args: argparse.Namespace, loads: list[int]) -> None:
     MAX_TOKENS[0] = min(MAX_TOKENS[0], 1500)  # --max-model-len 2048
     server = start_server(ensure_vllm_env(), Path(tempfile.mkdtemp()) / "vllm.log")
     try:
-        run = bench(server.base_url, "tiny", loads, args.seconds, args.rounds, args.naive)
+        run = bench(server.base_url, "tiny", loads, args.seconds, args.rounds, names)
         print(table(asyncio.run(run), stamped=False))
     finally:
         stop_server(server)
@@ -270,12 +283,13 @@ def bench_vllm(args: argparse.Namespace, loads: list[int]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The guard's cost per event, side by side.")
     parser.add_argument("--streams", default="64,256,1024")
-    parser.add_argument("--rate", type=float, default=25.0, help="events/s of each stream (sim)")
+    parser.add_argument("--rate", default="25", help="events/s of each stream (sim), or per load")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per phase")
     parser.add_argument("--rounds", type=int, default=2, help="direct+guard pairs per load")
     parser.add_argument("--url", help="a real engine instead of the simulator")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--naive", action="store_true", help="also the naive pass-through")
+    parser.add_argument("--aiohttp", action="store_true", help="also the guard's aiohttp path")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS[0])
     parser.add_argument("--vllm", action="store_true", help="start the e2e tests' CPU vLLM")
     asyncio.run(main_async(parser.parse_args(argv)))
