@@ -19,6 +19,7 @@ import asyncio
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from aiohttp import HttpVersion11, web
 from aiohttp.abc import AbstractStreamWriter
@@ -134,8 +135,8 @@ class Upstream(asyncio.Protocol):
     # -- the engine's callbacks (the hot path) -----------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (not an isinstance check: uvloop's transports have the methods, not the base class)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         try:
