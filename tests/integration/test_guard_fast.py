@@ -110,16 +110,19 @@ async def test_a_1mb_event_from_aiohttp_passes_unchanged(fast: bool) -> None:
     assert guard.stats.events == 2
 
 
+SIZED_JSON = (
+    b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 15\r\n\r\n"
+    b'{"error":"no"}\n'
+)
+CHUNKED_JSON = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+    b"\r\n" + chunks(b'{"a":', b"1}") + LAST
+)
+UNTIL_CLOSE = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n" + b'{"until":"close"}'
+
+
 @pytest.mark.parametrize(
-    "answer",
-    [
-        b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 15\r\n\r\n"
-        b'{"error":"no"}\n',
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n" + b'{"until":"close"}',
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
-        b"\r\n" + chunks(b'{"a":', b"1}") + LAST,
-    ],
-    ids=["sized", "until-close", "chunked"],
+    "answer", [SIZED_JSON, UNTIL_CLOSE, CHUNKED_JSON], ids=["sized", "until-close", "chunked"]
 )
 async def test_a_stream_request_answered_without_sse_passes_as_it_is(
     fast: bool, answer: bytes
@@ -129,6 +132,31 @@ async def test_a_stream_request_answered_without_sse_passes_as_it_is(
         through, body = await read_all(url)
     assert (through.status, body) == (direct.status, direct_body)
     assert through.headers.get("Content-Length") == direct.headers.get("Content-Length")
+
+
+@pytest.mark.parametrize("answer", [SIZED_JSON, CHUNKED_JSON, RAW], ids=["sized", "chunked", "sse"])
+async def test_the_client_connection_is_kept_alive_whatever_the_framing(
+    fast: bool, answer: bytes
+) -> None:
+    """Three requests on one client connection (reused, never reopened), each answered whole."""
+    reused: list[object] = []
+
+    async def on_reuse(*args: object) -> None:
+        reused.append(args)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(on_reuse)
+    async with (
+        raw_engine(cut(answer, 30, 70), "keep") as engine,
+        guarded(engine.url, fast) as (_, url),
+    ):
+        _, direct = await read_all(engine.url)
+        connector = aiohttp.TCPConnector(limit=1)
+        async with aiohttp.ClientSession(connector=connector, trace_configs=[trace]) as s:
+            for _ in range(3):
+                async with s.post(url + "/v1/completions", json=BODY) as r:
+                    assert await r.read() == direct
+    assert len(reused) == 2
 
 
 @pytest.mark.parametrize("then", ["close", "reset"])
