@@ -173,9 +173,14 @@ def render_summary(info: SummaryInput) -> str:
     out += ["", "## What happened", "", *_verdict_lines(v, info.created)]
     out += [*_timeline_lines(info.timeline), "", "## Processes", "", *_process_table(info.procs)]
     out += ["", "## Threads (py-spy)", ""]
-    for p in info.procs:
-        if info.groups.get(p.pid):
-            out += _thread_section(p, info.groups[p.pid])
+    sections = [
+        _thread_section(p, info.groups[p.pid]) for p in info.procs if info.groups.get(p.pid)
+    ]
+    # Never an empty section: the process state may say where it is stuck, not why no stacks.
+    out += [line for s in sections for line in s] or [
+        "No stacks were captured (see the steps below).",
+        "",
+    ]
     out += ["## Capture steps", "", *_step_table(info.steps), ""]
     return "\n".join(out)
 

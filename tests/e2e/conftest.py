@@ -22,7 +22,16 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 
 import pytest
 
-from tests.tools.vllm_env import NEWEST, VllmEnv, VllmEnvError, ensure_vllm_env
+from tests.tools.vllm_env import (
+    CACHE_DIR,
+    NEWEST,
+    OLDEST,
+    VllmEnv,
+    VllmEnvError,
+    ensure_vllm_env,
+    prebuild_in_background,
+    stop_prebuild,
+)
 from tests.tools.vllm_server import LIVE_SERVERS, VllmServer, start_server, stop_server
 
 ServerFactory = Callable[..., VllmServer]
@@ -62,7 +71,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def vllm_env() -> VllmEnv:
+def vllm_env(request: pytest.FixtureRequest) -> Iterator[VllmEnv]:
+    """The newest build's environment; the oldest build's venv, if a selected test runs on
+    it, is built meanwhile in the background (minutes in a fresh clone: beside the newest's
+    build and the first modules instead of after them)."""
+    wanted = any(f"vllm-{OLDEST}" in item.nodeid for item in request.session.items)
+    log = CACHE_DIR / f"vllm-venv-{OLDEST}-prebuild.log"
+    prebuild = prebuild_in_background(OLDEST, log) if wanted else None
+    try:
+        yield _newest_env()
+    finally:
+        stop_prebuild(prebuild)
+
+
+def _newest_env() -> VllmEnv:
     prepared = _PREPARED.get("env")
     if prepared is None:  # e.g. a test without the e2e marker asked for it
         try:

@@ -1,20 +1,31 @@
-"""Recovery on a REAL vLLM, in supervise mode: ``engine-watchdog run ... -- <vLLM>
---enable-scale-out`` with the ladder capture -> abort -> restart (issue 5, "Proof on a real vLLM").
+"""Recovery and the guard on a REAL vLLM, in supervise mode: ``engine-watchdog run
+--guard-listen ... -- <vLLM> --enable-scale-out`` with the ladder answer -> capture -> abort ->
+restart (issue 5, "Proof on a real vLLM"; issue 15, "Proof"). vLLM loads the test plugins
+(tests/e2e/plugin): a request whose id holds ``stuck`` stops being scheduled after two tokens,
+and the engine step deadlocks once a trigger file exists.
 
-ONE supervised engine serves the whole module; the tests run in file order and each leaves the
-engine serving again:
+ONE supervised engine serves the whole module (one vLLM start instead of two: CI time); the
+tests run in file order and each leaves the engine serving again:
 
-a. healthy streaming load for two minutes: no stall verdict, no action, every request completes;
+a. healthy streaming load for two minutes, straight and through the guard: no stall verdict, no
+   action, every request completes, none aborted, and every guarded response identical event for
+   event to the same request sent straight to the engine at the same moment (temperature 0, a
+   fixed seed; the pair shares the batch);
 b. the abort rung's call ends the canary it names (the only requests whose ids it knows);
-c. SIGSTOP of ``VLLM::EngineCore`` under load: verdict ``stopped``, a bundle, the abort call
-   accepted, escalation to a restart, serving again, every in-flight request answered;
-d. a real deadlock inside the engine core (tests/e2e/plugin: the engine step takes a lock twice
-   once a trigger file exists): the same, and the bundle's stacks show the lock's frame;
-e. SIGKILL of the engine core: ``engine-dead`` and exactly one restart.
+c. one request stuck while others progress: only that client gets the guard's error; the
+   others complete; the engine's own metrics show the request gone from the running batch;
+d. SIGSTOP of the engine core under load through the guard: every client in flight gets the
+   error within the stall verdict + 1 s, new requests get 503 within 1 s, and after the restart
+   requests pass;
+e. SIGSTOP of ``VLLM::EngineCore`` under load straight to the engine: verdict ``stopped``, a
+   bundle, the abort call accepted, escalation to a restart, serving again, every in-flight
+   request answered;
+f. a real deadlock inside the engine core: the same, and the bundle's stacks show the lock's frame;
+g. SIGKILL of the engine core: ``engine-dead`` and exactly one restart.
 
 Times are from the fault to the stall verdict, to the old engine's processes gone and to the
 first successful completion; they are printed at the end of the run (terminal summary).
-On this 2-core machine the module takes about 7 minutes (each vLLM start costs 40-60 s).
+On this 2-core machine the module takes about 9 minutes (each vLLM start costs 40-60 s).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -35,7 +47,10 @@ import pytest
 from engine_watchdog.engines import VLLM
 from engine_watchdog.probes.canary import Canary
 from engine_watchdog.recovery.abort import abort_requests
+from engine_watchdog.sim.launcher import free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
+from tests.tools.guard import completion, stream
+from tests.tools.guard_compare import normalised, pairs_of, watchdog_metric
 from tests.tools.recovery_harness import (
     REPORT_LINES,
     Recovery,
@@ -47,11 +62,24 @@ from tests.tools.recovery_harness import (
     wait_until,
 )
 from tests.tools.vllm_env import VllmEnv
-from tests.tools.vllm_server import DEADLOCK_FRAME
+from tests.tools.vllm_server import (
+    DEADLOCK_FRAME,
+    SERVED_MODEL,
+    STUCK_MARKER_ENV,
+    http_get,
+    metric_sum,
+)
 
 pytestmark = pytest.mark.e2e
 
-OPTS = WatchdogOptions()
+GUARD_PORT = free_port()
+GUARD = f"http://127.0.0.1:{GUARD_PORT}"
+STUCK_S = 5.0
+OPTS = WatchdogOptions(
+    actions="answer,capture,abort,restart",
+    extra=("--guard-listen", f"127.0.0.1:{GUARD_PORT}", "--request-stall-seconds", str(STUCK_S)),
+    engine_env=((STUCK_MARKER_ENV, "stuck"),),
+)
 HEALTHY_S = 120.0
 FAST_STALL_S = 10.0  # the watchdog's --fast-stall-seconds default (a stopped process)
 VERDICT_SLACK_S = 5.0
@@ -121,21 +149,30 @@ def bundle_of(rec: Recovery, sup: Supervised) -> Path:
 
 
 @pytest.mark.timeout(600)  # also starts the module's engine (40-90 s here, up to 240 s bound)
-async def test_healthy_load_takes_no_action(supervised: Supervised) -> None:
+async def test_healthy_load_takes_no_action_and_the_guard_changes_nothing(
+    supervised: Supervised,
+) -> None:
     sup = supervised
-    async with StreamingLoad(sup.base_url, clients=4, model="tiny") as load:
-        await load.wait_for(chunks=20, in_flight=2, timeout=60)
-        started = load.outcome()
-        await asyncio.sleep(HEALTHY_S)
-        outcome = await load.stop(drain_s=60)
-    line = f"healthy {HEALTHY_S:.0f} s: {outcome.completed} completed, {outcome.errored} errored"
-    REPORT_LINES.append(line + f", {outcome.hanging} hanging")
-    print(f"\n[e2e] {line}")
+    # The load is the pairs themselves: more streams beside them would change the batches the
+    # two requests of a pair share, and with them the numerics (CPU kernels, temperature 0).
+    pairs = await pairs_of(sup.base_url, GUARD, clients=3, seconds=HEALTHY_S)
+    different = [
+        (d.request_id, normalised(d.events)[:3], normalised(g.events)[:3])
+        for d, g in pairs
+        if normalised(d.events) != normalised(g.events)
+    ]
+    failed = [s.error for pair in pairs for s in pair if not s.done or s.error is not None]
+    line = f"healthy {HEALTHY_S:.0f} s: {2 * len(pairs)} completed, {len(failed)} failed"
+    REPORT_LINES.append(f"{line}; through the guard: {len(different)} of {len(pairs)} differ")
+    print(f"\n[e2e] {line}; through the guard: {len(different)} of {len(pairs)} differ")
     stalls = [v for v in sup.transitions if v["state"] == "stalled"]
     assert not stalls, stalls
     assert sup.actions() == []
-    assert (outcome.errored, outcome.hanging) == (0, 0), outcome.errors
-    assert outcome.completed > started.completed + 4, outcome
+    assert len(pairs) > 4 and failed == [], failed[:3]
+    assert different == [], different[:3]
+    assert await watchdog_metric(sup, "engine_watchdog_guard_stuck_requests_total") == 0
+    aborted = "engine_watchdog_guard_aborted_requests_total"
+    assert await watchdog_metric(sup, aborted, reason="stall") == 0
     watchdog_alive(sup)
 
 
@@ -165,6 +202,83 @@ async def test_abort_rung_ends_the_canary_it_names(supervised: Supervised) -> No
     assert done.result == "ok", done
     assert finished[0], f"{done.detail}, yet the canary still ran 5 s later: {obs}"
     assert not obs.ok, f"an aborted canary counted as proof of life: {obs}"
+
+
+async def test_only_the_stuck_request_is_answered_and_the_engine_drops_it(
+    supervised: Supervised,
+) -> None:
+    """Three clients stream continuously (so the others always move) while one request is kept
+    from being scheduled after two tokens."""
+    sup = supervised
+    async with (
+        aiohttp.ClientSession() as session,
+        StreamingLoad(GUARD, clients=3, max_tokens=300, model=SERVED_MODEL) as load,
+    ):
+        await load.wait_for(chunks=20, in_flight=3, timeout=60)
+        body = completion(SERVED_MODEL, 1500)
+        stuck = await stream(session, GUARD, body, "stuck-1", timeout=90)
+        await asyncio.sleep(1.0)
+        text = (await asyncio.to_thread(http_get, sup.base_url + "/metrics"))[1]
+        running, in_flight = metric_sum(text, "vllm:num_requests_running"), load.in_flight
+        outcome = await load.stop(drain_s=60)
+    context = f"{stuck.events[-3:]}\n{sup.log_tail(40)}"
+    assert stuck.error is not None and stuck.done, context
+    assert stuck.error["code"] == 503, context
+    assert stuck.tokens == 2, context  # the plugin let it have two
+    assert (outcome.errored, outcome.hanging) == (0, 0), outcome.errors
+    assert running <= in_flight, (running, in_flight)  # the stuck request left the batch
+    assert (
+        await watchdog_metric(sup, "engine_watchdog_guard_aborted_requests_total", reason="stuck")
+        == 1
+    )
+    assert [v for v in sup.transitions if v["state"] == "stalled"] == []
+
+
+async def test_a_stopped_engine_core_s_clients_are_answered_and_requests_pass_after_restart(
+    supervised: Supervised,
+) -> None:
+    """The engine core stays stopped: the watchdog restarts the engine (the harness SIGCONTs
+    and ends whatever is left when the module ends)."""
+    sup = supervised
+    async with aiohttp.ClientSession() as session:
+        clients = [
+            asyncio.create_task(stream(session, GUARD, completion(SERVED_MODEL, 1800), f"c-{i}"))
+            for i in range(4)
+        ]
+        await asyncio.sleep(3.0)
+        fault_t = time.time()
+        for pid in sup.engine_core_pids():
+            os.kill(pid, signal.SIGSTOP)
+        answered = await asyncio.wait_for(asyncio.gather(*clients), 60)
+        refused_t = time.time()
+        refused = await stream(session, GUARD, completion(SERVED_MODEL, 4))
+        verdict = next(v for v in sup.verdicts(fault_t) if v["state"] == "stalled")
+        during, after = [], refused
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and after.status != 200:
+            await asyncio.sleep(1.0)
+            after = await stream(session, GUARD, completion(SERVED_MODEL, 4))
+            during.append(after.status)
+    last_token = max(t for c in answered for t in c.times[:-2])
+    late = max(c.times[-1] for c in answered) - verdict["t"]
+    line = (
+        f"guard SIGSTOP: verdict {verdict['t'] - last_token:.1f} s after the last event "
+        f"({verdict['cause']}), clients answered by +{late:.2f} s, "
+        f"serving again {time.time() - fault_t:.0f} s after the fault"
+    )
+    REPORT_LINES.append(line)
+    print(f"\n[e2e] {line}")
+    assert verdict["cause"] == "stopped", verdict
+    assert verdict["t"] - last_token <= 7.0, line
+    for c in answered:
+        assert c.error is not None and c.done, c.events[-2:]
+        assert c.times[-1] <= verdict["t"] + 1.0, line
+    assert refused.status == 503 and "Retry-After" in refused.headers
+    assert refused_t - verdict["t"] <= 1.0  # sent as soon as the clients were answered
+    restarts = [a for a in sup.actions(fault_t) if a["action"] == "restart"]
+    assert [a["result"] for a in restarts] == ["ok"], sup.actions(fault_t)
+    assert set(during[:-1]) <= {503}, during  # refused, never hanging, until it is back
+    assert after.status == 200 and after.done and after.error is None, after
 
 
 async def test_sigstopped_engine_core_is_restarted(supervised: Supervised) -> None:

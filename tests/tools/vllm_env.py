@@ -256,8 +256,9 @@ def _ensure_venv(version: str, locked: bool = False) -> Path:
     if _stamp_ok(stamp, key):
         return venv
     with contextlib.ExitStack() as stack:
-        if not locked:
-            stack.enter_context(file_lock(CACHE_DIR / "vllm-env.lock"))
+        if not locked:  # the newest's lock also covers the model; the others have their own
+            name = "vllm-env.lock" if version == NEWEST else f"vllm-venv-{version}.lock"
+            stack.enter_context(file_lock(CACHE_DIR / name))
         if not _stamp_ok(stamp, key):
             started = time.monotonic()
             log = CACHE_DIR / f"vllm-venv-{version}-install.log"
@@ -268,13 +269,43 @@ def _ensure_venv(version: str, locked: bool = False) -> Path:
     return venv
 
 
+def prebuild_in_background(version: str, log: Path) -> subprocess.Popen[bytes] | None:
+    """Start building ``version``'s venv in a process of its own (niced, its own group), so
+    that it is ready when its tests come; None when it is built already. Whoever needs it
+    later waits on the same lock. Stop it with :func:`stop_prebuild`."""
+    venv = venv_dir(version)
+    if version == NEWEST or _stamp_ok(venv / ".engine-watchdog-stamp", venv_stamp_key(version)):
+        return None
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        return subprocess.Popen(  # fixed argv, no shell
+            ["nice", "-n", "10", sys.executable, str(Path(__file__)), "--venv-only", version],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=REPO_ROOT,
+        )
+
+
+def stop_prebuild(proc: subprocess.Popen[bytes] | None) -> None:
+    """End a background build still running (the lock is released with it; the next run
+    starts over: a venv without its stamp is rebuilt)."""
+    if proc is not None and proc.poll() is None:
+        _kill_group(proc)
+
+
 def _say(message: str) -> None:
     print(f"[vllm_env] {message}", file=sys.stderr, flush=True)
 
 
 def main() -> int:
+    args = sys.argv[1:]
     try:
-        env = ensure_vllm_env(sys.argv[1] if len(sys.argv) > 1 else NEWEST)
+        if args[:1] == ["--venv-only"]:  # prebuild_in_background: the venv, not the model
+            print(f"venv:  {_ensure_venv(args[1])}")
+            return 0
+        env = ensure_vllm_env(args[0] if args else NEWEST)
     except VllmEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
