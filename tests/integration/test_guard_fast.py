@@ -213,6 +213,8 @@ FIREHOSE = 1024
 """64 KiB events the engine of the slow-reader test writes as fast as it may: 64 MiB."""
 
 
+@pytest.mark.timeout(180)  # the reader's window (no scaling: 4 KiB at connect) caps its read:
+# 64 MiB take 37-55 s here on either path, and 45 s straight from the engine
 async def test_a_slow_reader_pauses_its_engine_connection(fast: bool) -> None:
     """A client that stops reading: the guard stops reading its engine connection (the engine's
     writes stop, far short of the whole stream), holds little, and waits on the client, not on
