@@ -30,6 +30,7 @@ from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
 from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
 from engine_watchdog.capture.tools import resolve_tools, write_private
 from engine_watchdog.core.model import ProcInfo, Verdict
+from engine_watchdog.core.redact import Masker
 from engine_watchdog.core.settings import CaptureSettings
 
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -131,23 +132,35 @@ async def _run_together(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@dataclass(frozen=True)
+class _Processes:
+    records: list[dict[str, Any]]
+    masker: Masker
+
+
+def _read_processes(procs: Sequence[ProcInfo], proc_root: Path) -> _Processes:
+    """The processes' records and the engine log's masker, from /proc. Blocking."""
+    return _Processes(
+        evidence.process_records(procs, proc_root), evidence.masker_for(procs, proc_root)
+    )
+
+
 def _write_evidence(
     tmp: Path,
     s: BundleSettings,
-    procs: Sequence[ProcInfo],
+    seen: _Processes,
     timeline: Sequence[Mapping[str, Any]],
     vers: Mapping[str, Any],
 ) -> None:
     """Everything the writer adds itself but summary.md. Blocking; OSError propagates."""
-    records = evidence.process_records(procs, s.proc_root)
-    write_private(tmp / "processes.json", json.dumps(records, indent=2).encode())
+    write_private(tmp / "processes.json", json.dumps(seen.records, indent=2).encode())
     write_private(tmp / "versions.json", json.dumps(vers, indent=2).encode())
     write_private(tmp / "timeline.jsonl", evidence.timeline_jsonl(timeline))
     log = s.capture.engine_log
     if log is not None:
         try:
             tail = evidence.log_tail(log, s.capture.log_tail_bytes)
-            tail = evidence.masker_for(procs, s.proc_root).data(tail)
+            tail = seen.masker.data(tail)
         except OSError as e:
             tail = f"[engine-watchdog] could not read {log}: {e.strerror}\n".encode()
         write_private(tmp / "engine.log", tail)
@@ -178,11 +191,14 @@ async def write_bundle(
         ctx = CaptureContext(
             tmp, tuple(procs), settings.destructive, settings.capture.step_timeout_s, tools
         )
+        # Before the steps: a destructive step (the CUDA core dump) ends the engine, and with it
+        # the command lines and environments the records and the log's masking read.
+        seen = await asyncio.to_thread(_read_processes, procs, settings.proc_root)
         results, vers = await asyncio.gather(
             _run_steps(steps, ctx, settings.step_grace_s), evidence.versions(tools.get("py-spy"))
         )
         info = SummaryInput(created, settings.engine, verdict, procs, results, timeline)
-        await asyncio.to_thread(_write_evidence, tmp, settings, procs, timeline, vers)
+        await asyncio.to_thread(_write_evidence, tmp, settings, seen, timeline, vers)
         elapsed = time.monotonic() - t0
         draft = draft_manifest(
             name, created, settings.engine, settings.destructive, verdict, procs, results, elapsed
