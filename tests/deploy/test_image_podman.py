@@ -34,7 +34,7 @@ import pytest
 from engine_watchdog.sim.launcher import free_port
 from tests.deploy import podman as pm
 
-pytestmark = [pytest.mark.xdist_group("image"), pytest.mark.timeout(2400)]
+pytestmark = pytest.mark.timeout(2400)  # one worker for the module: tests/conftest.py
 INCIDENTS = "/var/lib/engine-watchdog/incidents"
 PREFIX = "ew-test-"  # + this process's PID: stale ones are recognised and removed
 
