@@ -64,8 +64,7 @@ def image() -> Iterator[pm.Podman]:
     base_s = time.monotonic() - started
     build_s = pm.build_image(podman, base)
     print(
-        f"\n[image] base {how} in {base_s:.1f} s, build {build_s:.1f} s (with any wait for "
-        f"{pm.HEAVY_LOCK}); "
+        f"\n[image] base {how} in {base_s:.1f} s, build {build_s:.1f} s; "
         f"kernel.yama.ptrace_scope: {pm.ptrace_scope()}"
     )
     yield podman
