@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,7 +24,6 @@ from engine_watchdog.capture.doctor import (
 )
 from engine_watchdog.cli.errors import EXIT_USAGE
 from engine_watchdog.core.model import ProcInfo
-from engine_watchdog.sim.launcher import free_port
 from tests.tools.cli import run_cli_sync
 
 
@@ -106,6 +108,15 @@ def test_report_ok_ignores_optional() -> None:
     assert DoctorReport(()).ok
 
 
+@contextlib.contextmanager
+def port_nobody_listens_on() -> Iterator[int]:
+    """A port bound and never listening: a free port, once let go, was taken by another test's
+    server before the capture looked at it (seen in a CI run: the capture found an engine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -123,8 +134,9 @@ def test_report_ok_ignores_optional() -> None:
 def test_capture_bad_input_exits_64_with_the_fix(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
-    args = [a.format(port=free_port()) for a in args]
-    ran = run_cli_sync("capture", *args, "--incident-dir", str(tmp_path), "--py-spy", NO_PY_SPY)
+    with port_nobody_listens_on() as port:
+        args = [a.format(port=port) for a in args]
+        ran = run_cli_sync("capture", *args, "--incident-dir", str(tmp_path), "--py-spy", NO_PY_SPY)
     assert ran.code == EXIT_USAGE, ran
     assert message in ran.err and len(ran.err.strip().splitlines()) == 1
     assert "Traceback" not in ran.err + ran.out
