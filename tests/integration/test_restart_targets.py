@@ -193,9 +193,7 @@ async def test_another_users_engine_is_refused_as_pid_and_spared_by_a_restart(
                 "watch", url, "--action", "restart", "--incident-dir", str(tmp_path), *STALL
             )
             await watch.next_state("stalled", timeout=40)
-            restarts = await eventually(
-                lambda: [r for r in history(tmp_path) if r["action"] == "restart"], 30
-            )
+            restarts = await eventually(lambda: restart_records(tmp_path), 30)
         finally:
             client.cancel()
         assert restarts[0]["result"] == "failed", restarts
