@@ -4,9 +4,10 @@ Discovery starts from the server's listening port (the API server) and adds its 
 (engine cores, workers), the other children of the engine's own launcher where it starts the
 API server and the engine side by side (TGI), and orphaned title-matched engine processes (an
 engine core whose API server died is still ours; one with a live parent belongs to that
-parent's engine). Where no
-socket at all is visible (another network namespace) every title match is taken; where sockets
-are visible but none on the port, nothing is (a wrong URL must not capture another engine).
+parent's engine). Where the port's socket is there but its owner cannot be seen (another PID
+namespace or user), or the socket table cannot be read, every title match is taken; where no
+socket listens on the URL's port at its address, nothing is (a wrong URL must not capture
+another engine, nor a process that listens on the same port at another address).
 Explicit PIDs (``--pid``) replace the port and bring their descendants.
 
 Host access is passed in: ``table`` (a :class:`ProcTable`, psutil by default) and ``proc_root``
@@ -72,6 +73,11 @@ def url_port(url: str) -> int:
     return parts.port or (443 if parts.scheme == "https" else 80)
 
 
+def url_host(url: str) -> str:
+    """The host part of an http(s) URL, as written (an IP or a name)."""
+    return urlsplit(url).hostname or ""
+
+
 def title_of(cmdline: Sequence[str]) -> str:
     """The process title: setproctitle rewrites argv, so the joined command line is the title."""
     return " ".join(a for a in cmdline if a).strip()[:TITLE_MAX]
@@ -127,20 +133,21 @@ def _ancestors(pid: int, procs: Mapping[int, RawProc]) -> list[int]:
 
 def select_pids(
     procs: Mapping[int, RawProc],
-    listeners: Mapping[int, frozenset[int]],
+    listeners: Mapping[int, frozenset[int]] | None,
     profile: EngineProfile,
     port: int | None = None,
     explicit: Sequence[int] = (),
 ) -> Discovery:
-    """Pure discovery over a process-table snapshot (see the module docstring for the rules)."""
+    """Pure discovery over a process-table snapshot (see the module docstring for the rules);
+    ``listeners`` as :meth:`ProcTable.listeners` gives them for the URL's host."""
     children = _children_map(procs)
     if explicit:
         members = _descendants(explicit, children) | set(explicit)
         return Discovery(pids=_ordered(members, procs, profile))
-    listening = listeners.get(port, frozenset()) if port is not None else frozenset()
-    if port is not None and listeners and not listening:
-        # Sockets are visible but none on this port: a wrong URL, not someone else's engine.
-        return Discovery((), notes=(f"no visible process listens on port {port}",))
+    listening = (listeners or {}).get(port, frozenset()) if port is not None else frozenset()
+    if port is not None and listeners is not None and port not in listeners:
+        # No socket on this port: a wrong URL, not someone else's engine.
+        return Discovery((), notes=(f"nothing listens on port {port} at the URL's address",))
     # Several API servers share one socket: keep the topmost holders as roots.
     roots = {p for p in listening if not set(_ancestors(p, procs)) & listening}
     members = _descendants(roots | _launched_with(roots, procs, children, profile), children)
@@ -151,7 +158,7 @@ def select_pids(
         # a title match with a live parent belongs to whichever engine that parent runs.
         if not listening or p.ppid <= 1 or p.ppid not in procs:
             members |= _descendants([p.pid], children)
-    notes = () if listening or port is None else ("no listening sockets visible: used titles",)
+    notes = () if listening or port is None else (f"port {port}'s owner not visible: used titles",)
     ordered = _ordered(members, procs, profile, frozenset(listening))
     return Discovery(ordered, frozenset(listening), notes)
 
@@ -227,7 +234,7 @@ def discover(
     the process-table snapshot it used. Blocking."""
     table = table if table is not None else PsutilTable()
     port = url_port(url) if url and not pids else None
-    listeners = table.listeners() if port is not None else {}
+    listeners = table.listeners(url_host(url)) if url and port is not None else None
     snapshot = table.processes()
     return select_pids(snapshot, listeners, profile, port=port, explicit=pids), snapshot
 

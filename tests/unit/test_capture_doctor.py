@@ -110,11 +110,15 @@ def test_report_ok_ignores_optional() -> None:
 
 @contextlib.contextmanager
 def port_nobody_listens_on() -> Iterator[int]:
-    """A port bound and never listening: a free port, once let go, was taken by another test's
-    server before the capture looked at it (seen in a CI run: the capture found an engine)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        yield s.getsockname()[1]
+    """A port nothing listens on at 127.0.0.1, held bound so no other test's server takes it,
+    while this process listens on the same port at 127.0.0.2: not the URL's server, so the
+    capture must not take it for the engine (nor take another test's vLLM by its title)."""
+    with socket.socket() as elsewhere, socket.socket() as held:
+        elsewhere.bind(("127.0.0.2", 0))
+        elsewhere.listen()
+        port = elsewhere.getsockname()[1]
+        held.bind(("127.0.0.1", port))
+        yield port
 
 
 @pytest.mark.parametrize(
