@@ -26,7 +26,12 @@ from engine_watchdog.capture import evidence
 from engine_watchdog.capture.known_hangs import KnownHangs, known_hangs
 from engine_watchdog.capture.manifest import cause_of, draft_manifest, finish_manifest
 from engine_watchdog.capture.retention import new_tmp_dir, prune, release, tar_into_place
-from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
+from engine_watchdog.capture.step import (
+    WAKES_THE_ENGINE,
+    CaptureContext,
+    CaptureStep,
+    StepResult,
+)
 from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
 from engine_watchdog.capture.tools import resolve_tools, write_private
 from engine_watchdog.core.model import ProcInfo, Verdict
@@ -110,12 +115,23 @@ async def _run_step(step: CaptureStep, ctx: CaptureContext, grace_s: float) -> S
 async def _run_steps(
     steps: Sequence[CaptureStep], ctx: CaptureContext, grace_s: float
 ) -> list[StepResult]:
-    """All steps concurrently; in a destructive capture the last step (the CUDA core dump,
-    which ends the process) only once the others are done with the process."""
-    if ctx.destructive and len(steps) > 1:
-        first = await _run_together(steps[:-1], ctx, grace_s)
-        return first + await _run_together(steps[-1:], ctx, grace_s)
-    return await _run_together(steps, ctx, grace_s)
+    """The steps in phases, each phase's steps concurrently; results in the steps' order."""
+    results: dict[int, StepResult] = {}
+    for phase in step_phases(steps, ctx.destructive):
+        done = await _run_together([steps[i] for i in phase], ctx, grace_s)
+        results.update(zip(phase, done, strict=True))
+    return [results[i] for i in range(len(steps))]
+
+
+def step_phases(steps: Sequence[CaptureStep], destructive: bool) -> list[list[int]]:
+    """Indices of the steps to run together, phase by phase: those that only look; then those
+    that wake the engine (:data:`WAKES_THE_ENGINE`); in a destructive capture, last, the last
+    step (the CUDA core dump, which ends the process) once the others are done with it."""
+    last = len(steps) - 1 if destructive and len(steps) > 1 else None
+    rest = [i for i in range(len(steps)) if i != last]
+    wakes = [i for i in rest if getattr(steps[i], "__name__", "") in WAKES_THE_ENGINE]
+    looks = [i for i in rest if i not in wakes]
+    return [phase for phase in (looks, wakes, [last] if last is not None else []) if phase]
 
 
 async def _run_together(
@@ -167,11 +183,13 @@ def _write_evidence(
 
 
 def _write_summary(tmp: Path, s: BundleSettings, info: SummaryInput, hangs: KnownHangs) -> None:
-    """summary.md: the story, where each thread is stuck, and the known hangs it resembles."""
+    """summary.md: the story, where each thread is stuck, the ranks' last collectives, and the
+    known hangs it resembles."""
     groups = load_groups(tmp, info.procs, source_reader(s.proc_root))
     summary = render_summary(replace(info, groups=groups))
-    if hangs.section:
-        summary = summary.rstrip("\n") + "\n\n" + hangs.section.rstrip("\n") + "\n"
+    for section in (hangs.collectives, hangs.section):
+        if section:
+            summary = summary.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
     write_private(tmp / "summary.md", summary.encode())
 
 

@@ -5,8 +5,10 @@ Each bundle must match the signature meant for it, or none, and never a wrong on
 is an upstream bug: ``h200-verify-spin`` is tests/gpu/verify_gpu.py's hand-made CuPy kernel that
 spins on a flag nobody sets; the two ``h200-demo-gpu-spin*`` bundles are ``engine-watchdog demo
 --gpu``'s simulated vLLM whose engine core waits on ``torch.cuda._sleep`` (the first bundle at
-the stall, the second the destructive one before the restart). So the meant signature is none
-for all three, and the tests also check that the evidence was there to be read (a spinning H200,
+the stall, the second the destructive one before the restart); ``h200-nccl-one-gpu`` is
+tests/gpu/verify_nccl_one_gpu.py's two PyTorch ranks on the one GPU, rank 0 in an all_reduce
+rank 1 never joins, captured by ``engine-watchdog capture --pid``. So the meant signature is none
+for all four, and the tests also check that the evidence was there to be read (a spinning H200,
 the stuck native stack), so that "none" is the matcher's answer and not an empty bundle's.
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from engine_watchdog.capture.known_hangs import known_hangs
 from engine_watchdog.cli.hangscmd import explain_command
 from engine_watchdog.hangs import (
     NO_MATCH,
@@ -26,9 +29,11 @@ from engine_watchdog.hangs import (
     load_signatures,
     match_bundle,
     read_bundle,
+    render_report,
     reported,
     top_signature_id,
 )
+from engine_watchdog.hangs.collectives import collectives_lines
 from engine_watchdog.hangs.view import BundleView
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "hangs_real"
@@ -64,6 +69,18 @@ CASES = {
     "h200-demo-gpu-spin": Expect(None, "vllm", SIM_STACK, frozenset({"engine-core", "api-server"})),
     "h200-demo-gpu-spin-restart": Expect(
         None, "vllm", SIM_STACK, frozenset({"engine-core", "api-server"})
+    ),
+    "h200-nccl-one-gpu": Expect(
+        None,
+        "vllm",
+        (
+            "cuCtxSynchronize_v2",
+            "cudaDeviceSynchronize",
+            "c10::cuda::device_synchronize",
+            "synchronize",
+            "worker",
+        ),
+        frozenset({"other"}),
     ),
 }
 
@@ -137,3 +154,27 @@ def test_the_capture_on_the_device_said_the_same(name: str) -> None:
     summary = (REAL / name / "summary.md").read_text()
     assert "## Resembles known issues" in summary
     assert "Nothing in this bundle matches a known hang" in summary
+
+
+def test_the_real_nccl_dumps_say_which_rank_never_joined() -> None:
+    """PyTorch 2.11's own flight-recorder dumps (pickles, read without unpickling a class):
+    rank 0 is in all_reduce 2, rank 1 never issued it. The summary written now and the upstream
+    report both say so."""
+    view = view_of("h200-nccl-one-gpu")
+    got = [(c.rank, c.op, c.seq, c.state) for c in view.collectives or ()]
+    assert got == [(0, "nccl:all_reduce", 2, "scheduled"), (1, "nccl:all_reduce", 1, "completed")]
+    reading = "rank 1 never issued it (its last is 1): look at rank 1, the peer that never joined"
+    assert reading in "\n".join(collectives_lines(view.collectives or ()))
+    report = render_report(view, match_bundle(view, SIGS), SIGS)
+    assert "**Collectives**" in report and reading in report
+    section = known_hangs(
+        REAL / "h200-nccl-one-gpu",
+        json.loads((REAL / "h200-nccl-one-gpu" / "manifest.json").read_text()),
+    ).collectives
+    assert section.startswith("## Collectives (flight recorder)") and reading in section
+
+
+def test_a_bundle_without_dumps_has_no_collectives_section() -> None:
+    view = view_of("h200-demo-gpu-spin")
+    assert view.collectives is None
+    assert "**Collectives**" not in render_report(view, match_bundle(view, SIGS), SIGS)
