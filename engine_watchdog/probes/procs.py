@@ -4,10 +4,11 @@ Discovery starts from the server's listening port (the API server) and adds its 
 (engine cores, workers), the other children of the engine's own launcher where it starts the
 API server and the engine side by side (TGI), and orphaned title-matched engine processes (an
 engine core whose API server died is still ours; one with a live parent belongs to that
-parent's engine). Where the port's socket is there but its owner cannot be seen (another PID
-namespace or user), or the socket table cannot be read, every title match is taken; where no
-socket listens on the URL's port at its address, nothing is (a wrong URL must not capture
-another engine, nor a process that listens on the same port at another address).
+parent's engine). Where the socket table cannot be read at all, every title match is taken.
+Where no socket listens on the URL's port at its address, nothing is: a wrong URL must not
+capture another engine, nor a process that listens on the same port at another address. Nor
+where the socket is there but its owner is hidden (another user or PID namespace): which of the
+title matches is ours cannot be told.
 Explicit PIDs (``--pid``) replace the port and bring their descendants.
 
 Host access is passed in: ``table`` (a :class:`ProcTable`, psutil by default) and ``proc_root``
@@ -145,9 +146,16 @@ def select_pids(
         members = _descendants(explicit, children) | set(explicit)
         return Discovery(pids=_ordered(members, procs, profile))
     listening = (listeners or {}).get(port, frozenset()) if port is not None else frozenset()
-    if port is not None and listeners is not None and port not in listeners:
-        # No socket on this port: a wrong URL, not someone else's engine.
-        return Discovery((), notes=(f"nothing listens on port {port} at the URL's address",))
+    if port is not None and listeners is not None and not listening:
+        # No socket on this port: a wrong URL. A socket whose owner is hidden (another user or
+        # PID namespace): which engine is ours cannot be told. Either way, no guess by title.
+        why = (
+            f"the process listening on port {port} is not visible to this watchdog (another "
+            "user or PID namespace)"
+            if port in listeners
+            else f"nothing listens on port {port} at the URL's address"
+        )
+        return Discovery((), notes=(why,))
     # Several API servers share one socket: keep the topmost holders as roots.
     roots = {p for p in listening if not set(_ancestors(p, procs)) & listening}
     members = _descendants(roots | _launched_with(roots, procs, children, profile), children)
@@ -158,7 +166,7 @@ def select_pids(
         # a title match with a live parent belongs to whichever engine that parent runs.
         if not listening or p.ppid <= 1 or p.ppid not in procs:
             members |= _descendants([p.pid], children)
-    notes = () if listening or port is None else (f"port {port}'s owner not visible: used titles",)
+    notes = () if listening or port is None else ("the socket table is not readable: used titles",)
     ordered = _ordered(members, procs, profile, frozenset(listening))
     return Discovery(ordered, frozenset(listening), notes)
 

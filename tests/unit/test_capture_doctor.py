@@ -113,12 +113,18 @@ def port_nobody_listens_on() -> Iterator[int]:
     """A port nothing listens on at 127.0.0.1, held bound so no other test's server takes it,
     while this process listens on the same port at 127.0.0.2: not the URL's server, so the
     capture must not take it for the engine (nor take another test's vLLM by its title)."""
-    with socket.socket() as elsewhere, socket.socket() as held:
-        elsewhere.bind(("127.0.0.2", 0))
-        elsewhere.listen()
-        port = elsewhere.getsockname()[1]
-        held.bind(("127.0.0.1", port))
-        yield port
+    for _ in range(50):  # the port may be in use at 127.0.0.1 already: take another
+        with socket.socket() as elsewhere, socket.socket() as held:
+            elsewhere.bind(("127.0.0.2", 0))
+            elsewhere.listen()
+            port = elsewhere.getsockname()[1]
+            try:
+                held.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            yield port
+            return
+    raise AssertionError("no port free at both 127.0.0.1 and 127.0.0.2 in 50 tries")
 
 
 @pytest.mark.parametrize(
@@ -132,7 +138,7 @@ def port_nobody_listens_on() -> Iterator[int]:
         (["--pid", "1", "--timeout", "0"], "--timeout"),
         (["--pid", "1", "--engine-log", "/nonexistent/log"], "not a readable file"),
         (["--pid", "2147483646"], "no process with PID 2147483646"),
-        (["--url", "http://127.0.0.1:{port}"], "shareProcessNamespace"),
+        (["--url", "http://127.0.0.1:{port}"], "at the URL's address): check --url"),
     ],
 )
 def test_capture_bad_input_exits_64_with_the_fix(
