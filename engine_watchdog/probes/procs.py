@@ -4,11 +4,12 @@ Discovery starts from the server's listening port (the API server) and adds its 
 (engine cores, workers), the other children of the engine's own launcher where it starts the
 API server and the engine side by side (TGI), and orphaned title-matched engine processes (an
 engine core whose API server died is still ours; one with a live parent belongs to that
-parent's engine). Where the socket table cannot be read at all, every title match is taken.
-Where no socket listens on the URL's port at its address, nothing is: a wrong URL must not
-capture another engine, nor a process that listens on the same port at another address. Nor
-where the socket is there but its owner is hidden (another user or PID namespace): which of the
-title matches is ours cannot be told.
+parent's engine). Where no socket listens on the URL's port at its address, nothing is taken:
+a wrong URL must not capture another engine, nor a process that listens on the same port at
+another address. Where the socket is there but its owner is hidden (another user or PID
+namespace: a sidecar of another UID), the title matches are taken if they make one engine, and
+none if they make several (which one serves the URL cannot be told). Where the socket table
+cannot be read at all, every title match is taken.
 Explicit PIDs (``--pid``) replace the port and bring their descendants.
 
 Host access is passed in: ``table`` (a :class:`ProcTable`, psutil by default) and ``proc_root``
@@ -146,16 +147,10 @@ def select_pids(
         members = _descendants(explicit, children) | set(explicit)
         return Discovery(pids=_ordered(members, procs, profile))
     listening = (listeners or {}).get(port, frozenset()) if port is not None else frozenset()
-    if port is not None and listeners is not None and not listening:
-        # No socket on this port: a wrong URL. A socket whose owner is hidden (another user or
-        # PID namespace): which engine is ours cannot be told. Either way, no guess by title.
-        why = (
-            f"the process listening on port {port} is not visible to this watchdog (another "
-            "user or PID namespace)"
-            if port in listeners
-            else f"nothing listens on port {port} at the URL's address"
-        )
-        return Discovery((), notes=(why,))
+    hidden = port is not None and listeners is not None and not listening
+    if hidden and port not in (listeners or {}):
+        # No socket on this port: a wrong URL, not someone else's engine.
+        return Discovery((), notes=(f"nothing listens on port {port} at the URL's address",))
     # Several API servers share one socket: keep the topmost holders as roots.
     roots = {p for p in listening if not set(_ancestors(p, procs)) & listening}
     members = _descendants(roots | _launched_with(roots, procs, children, profile), children)
@@ -167,8 +162,32 @@ def select_pids(
         if not listening or p.ppid <= 1 or p.ppid not in procs:
             members |= _descendants([p.pid], children)
     notes = () if listening or port is None else ("the socket table is not readable: used titles",)
+    if hidden:  # the socket is there, its owner hidden: as a sidecar of another UID sees it
+        engines = _engines_among(members, procs, profile)
+        if engines > 1:  # which one serves the URL cannot be told
+            return Discovery(
+                (), notes=(f"{_hidden(port)}, and {engines} engines match the titles",)
+            )
+        notes = (f"{_hidden(port)}: its engine found by title",)
     ordered = _ordered(members, procs, profile, frozenset(listening))
     return Discovery(ordered, frozenset(listening), notes)
+
+
+def _hidden(port: int | None) -> str:
+    return f"the process listening on port {port} is not visible (another user or PID namespace)"
+
+
+def _engines_among(
+    members: Iterable[int], procs: Mapping[int, RawProc], profile: EngineProfile
+) -> int:
+    """How many engines the title-matched processes make: the topmost of them (their parent no
+    title match) grouped by that parent (an API server, or init for orphans)."""
+    titled = {
+        p
+        for p in members
+        if p in procs and title_of(procs[p].cmdline).startswith(profile.process_titles)
+    }
+    return len({procs[p].ppid for p in titled if procs[p].ppid not in titled})
 
 
 def _launched_with(

@@ -97,11 +97,28 @@ def test_nothing_on_the_port_finds_nothing(listeners: Mapping[int, frozenset[int
     assert found.pids == () and "nothing listens on port 8001" in found.notes[0]
 
 
-def test_a_hidden_listener_is_not_guessed_by_title() -> None:
-    # Another user's engine: its socket is seen, not its owner. Two engines match the titles
-    # (100's and 300's cores); which one serves the URL cannot be told, so neither is taken.
+def test_a_hidden_listener_is_not_guessed_among_several_engines() -> None:
+    # Another user's engine: its socket is seen, not its owner. Three engines match the titles
+    # (100's and 300's cores, the orphan); which one serves the URL cannot be told.
     found = select_pids({p.pid: p for p in HOST}, {8000: frozenset()}, VLLM, port=8000)
-    assert found.pids == () and "not visible to this watchdog" in found.notes[0]
+    assert found.pids == ()
+    assert "not visible (another user or PID namespace), and 3 engines" in found.notes[0]
+
+
+def test_a_hidden_listener_of_the_only_engine_is_found_by_title() -> None:
+    """A sidecar of another UID in the engine's pod (shared PID namespace): the one engine's
+    processes, data-parallel cores under one API server included, and nothing else."""
+    procs = [
+        raw(1, 0, "/pause"),
+        raw(7, 1, *API.split()),
+        raw(8, 7, "VLLM::EngineCore_DP0"),
+        raw(9, 7, "VLLM::EngineCore_DP1"),
+        raw(10, 8, "VLLM::Worker_DP0_TP0"),
+        raw(30, 1, "engine-watchdog", "watch"),
+    ]
+    found = select_pids({p.pid: p for p in procs}, {8000: frozenset()}, VLLM, port=8000)
+    assert set(found.pids) == {8, 9, 10}
+    assert "its engine found by title" in found.notes[0]
 
 
 def test_without_a_port_every_title_match_counts() -> None:
