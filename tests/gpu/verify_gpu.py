@@ -289,23 +289,26 @@ def verify_compute_idle(out: Path, probe: GpuProbe) -> list[dict[str, Any]]:
     return rows
 
 
-def worker(rank: int) -> None:
+def worker(rank: int, device: int | None = None, elements: int = 1 << 20) -> None:
+    """One rank: a warm-up all_reduce both join, then rank 0 alone in a second one. Each rank
+    on GPU ``rank``, or all on GPU ``device`` (verify_nccl_one_gpu.py)."""
     # Only on the device, only in the worker; imported by name so that mypy needs no torch here.
     torch = importlib.import_module("torch")
     dist = importlib.import_module("torch.distributed")
 
-    torch.cuda.set_device(rank)
+    gpu = rank if device is None else device
+    torch.cuda.set_device(gpu)
     dist.init_process_group(
         "nccl",
         rank=rank,
         world_size=2,
         timeout=datetime.timedelta(seconds=300),
-        device_id=torch.device(f"cuda:{rank}"),
+        device_id=torch.device(f"cuda:{gpu}"),
     )
-    x = torch.ones(1 << 20, device="cuda")
+    x = torch.ones(elements, device="cuda")
     dist.all_reduce(x)  # both join: warm-up
     torch.cuda.synchronize()
-    print(f"rank {rank} warm all_reduce ok", flush=True)
+    print(f"rank {rank} warm all_reduce ok sum={float(x[0])}", flush=True)
     if rank == 0:
         dist.all_reduce(x)  # the peer never joins
         torch.cuda.synchronize()

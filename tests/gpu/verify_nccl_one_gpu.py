@@ -19,8 +19,6 @@ Every wait is bounded and both ranks are killed at the end.
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib
 import json
 import os
 import shutil
@@ -41,35 +39,11 @@ from tests.gpu.verify_gpu import (
     sample_gpus,
     say,
     wait_for_line,
+    worker,
 )
 
 INCIDENTS = Path("/tmp/nccl1_incidents")
 MASTER_PORT = "29541"
-
-
-def worker(rank: int) -> None:
-    # Only on the device, only in the worker; imported by name so that mypy needs no torch here.
-    torch = importlib.import_module("torch")
-    dist = importlib.import_module("torch.distributed")
-
-    torch.cuda.set_device(0)  # both ranks: the one GPU
-    dist.init_process_group(
-        "nccl",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=300),
-        device_id=torch.device("cuda:0"),
-    )
-    x = torch.ones(1 << 16, device="cuda")
-    dist.all_reduce(x)  # both join: warm-up
-    torch.cuda.synchronize()
-    print(f"rank {rank} warm all_reduce ok sum={float(x[0])}", flush=True)
-    if rank == 0:
-        dist.all_reduce(x)  # the peer never joins
-        torch.cuda.synchronize()
-        print("rank 0: all_reduce returned (unexpected)", flush=True)
-    else:
-        time.sleep(240)
 
 
 def rank_env(rank: int) -> dict[str, str]:
@@ -159,6 +133,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "worker":
-        worker(int(sys.argv[2]))
+        worker(int(sys.argv[2]), device=0, elements=1 << 16)  # both ranks on the one GPU
     else:
         main()

@@ -178,3 +178,16 @@ def test_a_bundle_without_dumps_has_no_collectives_section() -> None:
     view = view_of("h200-demo-gpu-spin")
     assert view.collectives is None
     assert "**Collectives**" not in render_report(view, match_bundle(view, SIGS), SIGS)
+
+
+def test_the_device_wrote_the_collectives_and_no_dump_thread() -> None:
+    """The bundle as the H200 wrote it with both fixes: the stacks taken before the flight
+    recorder woke PyTorch's dump thread (the first run's summary named that thread "in a
+    collective"), and the ranks' last collectives in summary.md."""
+    name = "h200-nccl-one-gpu"
+    summary = (REAL / name / "summary.md").read_text()
+    where = summary.split("## Where it is stuck", 1)[1].split("## What happened", 1)[0]
+    assert "getCollectiveTrace" not in where and "main thread waiting in cuCtxSynchronize" in where
+    assert "## Collectives (flight recorder)" in summary
+    assert "rank 1 never issued it (its last is 1)" in summary
+    assert json.loads((REAL / name / "manifest.json").read_text())["known_hangs"] == []
