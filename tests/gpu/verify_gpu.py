@@ -47,6 +47,12 @@ CORE_ENV = {  # FACTS.md, GPU section
     "CUDA_COREDUMP_GENERATION_FLAGS": "skip_nonrelocated_elf_images,skip_global_memory,"
     "skip_shared_memory,skip_local_memory,skip_constbank_memory",
 }
+FLIGHT_RECORDER_ENV = {  # PyTorch's flight recorder, dumped through its pipe (FACTS.md)
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/nccl_pipe_",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/tmp/nccl_trace_rank_",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
 SAFE_ENV = {  # the device notes: never NVLink multicast on shared hosts
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -327,11 +333,8 @@ def verify_nccl(out: Path, probe: GpuProbe, tools: dict[str, str]) -> dict[str, 
         **CORE_ENV,
         **SAFE_ENV,
         MASTER_ADDR="127.0.0.1",
+        **FLIGHT_RECORDER_ENV,
         MASTER_PORT="29533",
-        TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
-        TORCH_NCCL_DEBUG_INFO_PIPE_FILE="/tmp/nccl_pipe_",
-        TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/tmp/nccl_trace_rank_",
-        TORCH_NCCL_DUMP_ON_TIMEOUT="1",
     )
     logs = [out / f"rank{r}.log" for r in range(2)]
     ranks = [

@@ -31,6 +31,7 @@ from typing import Any
 
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from tests.gpu.verify_gpu import (
+    FLIGHT_RECORDER_ENV,
     LOG_FILE,
     SAFE_ENV,
     finish,
@@ -50,6 +51,7 @@ def rank_env(rank: int) -> dict[str, str]:
     return dict(
         os.environ,
         **SAFE_ENV,
+        **FLIGHT_RECORDER_ENV,
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=MASTER_PORT,
         NCCL_HOSTID=f"verify-nccl-one-gpu-rank{rank}",  # two "hosts": no duplicate-GPU refusal
@@ -57,10 +59,6 @@ def rank_env(rank: int) -> dict[str, str]:
         NCCL_IB_DISABLE="1",
         NCCL_DEBUG="INFO",
         NCCL_DEBUG_SUBSYS="INIT,NET,ENV",
-        TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
-        TORCH_NCCL_DEBUG_INFO_PIPE_FILE="/tmp/nccl_pipe_",
-        TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/tmp/nccl_trace_rank_",
-        TORCH_NCCL_DUMP_ON_TIMEOUT="1",
     )
 
 
