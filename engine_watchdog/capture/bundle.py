@@ -26,10 +26,16 @@ from engine_watchdog.capture import evidence
 from engine_watchdog.capture.known_hangs import KnownHangs, known_hangs
 from engine_watchdog.capture.manifest import cause_of, draft_manifest, finish_manifest
 from engine_watchdog.capture.retention import new_tmp_dir, prune, release, tar_into_place
-from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
+from engine_watchdog.capture.step import (
+    WAKES_THE_ENGINE,
+    CaptureContext,
+    CaptureStep,
+    StepResult,
+)
 from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
 from engine_watchdog.capture.tools import resolve_tools, write_private
 from engine_watchdog.core.model import ProcInfo, Verdict
+from engine_watchdog.core.redact import Masker
 from engine_watchdog.core.settings import CaptureSettings
 
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -109,12 +115,23 @@ async def _run_step(step: CaptureStep, ctx: CaptureContext, grace_s: float) -> S
 async def _run_steps(
     steps: Sequence[CaptureStep], ctx: CaptureContext, grace_s: float
 ) -> list[StepResult]:
-    """All steps concurrently; in a destructive capture the last step (the CUDA core dump,
-    which ends the process) only once the others are done with the process."""
-    if ctx.destructive and len(steps) > 1:
-        first = await _run_together(steps[:-1], ctx, grace_s)
-        return first + await _run_together(steps[-1:], ctx, grace_s)
-    return await _run_together(steps, ctx, grace_s)
+    """The steps in phases, each phase's steps concurrently; results in the steps' order."""
+    results: dict[int, StepResult] = {}
+    for phase in step_phases(steps, ctx.destructive):
+        done = await _run_together([steps[i] for i in phase], ctx, grace_s)
+        results.update(zip(phase, done, strict=True))
+    return [results[i] for i in range(len(steps))]
+
+
+def step_phases(steps: Sequence[CaptureStep], destructive: bool) -> list[list[int]]:
+    """Indices of the steps to run together, phase by phase: those that only look; then those
+    that wake the engine (:data:`WAKES_THE_ENGINE`); in a destructive capture, last, the last
+    step (the CUDA core dump, which ends the process) once the others are done with it."""
+    last = len(steps) - 1 if destructive and len(steps) > 1 else None
+    rest = [i for i in range(len(steps)) if i != last]
+    wakes = [i for i in rest if getattr(steps[i], "__name__", "") in WAKES_THE_ENGINE]
+    looks = [i for i in rest if i not in wakes]
+    return [phase for phase in (looks, wakes, [last] if last is not None else []) if phase]
 
 
 async def _run_together(
@@ -131,34 +148,48 @@ async def _run_together(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@dataclass(frozen=True)
+class _Processes:
+    records: list[dict[str, Any]]
+    masker: Masker
+
+
+def _read_processes(procs: Sequence[ProcInfo], proc_root: Path) -> _Processes:
+    """The processes' records and the engine log's masker, from /proc. Blocking."""
+    return _Processes(
+        evidence.process_records(procs, proc_root), evidence.masker_for(procs, proc_root)
+    )
+
+
 def _write_evidence(
     tmp: Path,
     s: BundleSettings,
-    procs: Sequence[ProcInfo],
+    seen: _Processes,
     timeline: Sequence[Mapping[str, Any]],
     vers: Mapping[str, Any],
 ) -> None:
     """Everything the writer adds itself but summary.md. Blocking; OSError propagates."""
-    records = evidence.process_records(procs, s.proc_root)
-    write_private(tmp / "processes.json", json.dumps(records, indent=2).encode())
+    write_private(tmp / "processes.json", json.dumps(seen.records, indent=2).encode())
     write_private(tmp / "versions.json", json.dumps(vers, indent=2).encode())
     write_private(tmp / "timeline.jsonl", evidence.timeline_jsonl(timeline))
     log = s.capture.engine_log
     if log is not None:
         try:
             tail = evidence.log_tail(log, s.capture.log_tail_bytes)
-            tail = evidence.masker_for(procs, s.proc_root).data(tail)
+            tail = seen.masker.data(tail)
         except OSError as e:
             tail = f"[engine-watchdog] could not read {log}: {e.strerror}\n".encode()
         write_private(tmp / "engine.log", tail)
 
 
 def _write_summary(tmp: Path, s: BundleSettings, info: SummaryInput, hangs: KnownHangs) -> None:
-    """summary.md: the story, where each thread is stuck, and the known hangs it resembles."""
+    """summary.md: the story, where each thread is stuck, the ranks' last collectives, and the
+    known hangs it resembles."""
     groups = load_groups(tmp, info.procs, source_reader(s.proc_root))
     summary = render_summary(replace(info, groups=groups))
-    if hangs.section:
-        summary = summary.rstrip("\n") + "\n\n" + hangs.section.rstrip("\n") + "\n"
+    for section in (hangs.collectives, hangs.section):
+        if section:
+            summary = summary.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
     write_private(tmp / "summary.md", summary.encode())
 
 
@@ -178,11 +209,14 @@ async def write_bundle(
         ctx = CaptureContext(
             tmp, tuple(procs), settings.destructive, settings.capture.step_timeout_s, tools
         )
+        # Before the steps: a destructive step (the CUDA core dump) ends the engine, and with it
+        # the command lines and environments the records and the log's masking read.
+        seen = await asyncio.to_thread(_read_processes, procs, settings.proc_root)
         results, vers = await asyncio.gather(
             _run_steps(steps, ctx, settings.step_grace_s), evidence.versions(tools.get("py-spy"))
         )
         info = SummaryInput(created, settings.engine, verdict, procs, results, timeline)
-        await asyncio.to_thread(_write_evidence, tmp, settings, procs, timeline, vers)
+        await asyncio.to_thread(_write_evidence, tmp, settings, seen, timeline, vers)
         elapsed = time.monotonic() - t0
         draft = draft_manifest(
             name, created, settings.engine, settings.destructive, verdict, procs, results, elapsed

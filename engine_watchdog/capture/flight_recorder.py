@@ -175,6 +175,7 @@ def make_flight_recorder_step(proc_root: Path = Path("/proc")) -> CaptureStep:
         status, detail = _outcome(ranks)
         return StepResult(NAME, status, files, detail, time.monotonic() - t0)
 
+    flight_recorder_step.__name__ = NAME  # the bundle writer phases steps by name
     return flight_recorder_step
 
 

@@ -1,5 +1,6 @@
 """Known hangs at capture time: every signature scored against the bundle being written, for
-the "Resembles known issues" section of summary.md, ``known_hangs`` in manifest.json and the
+the "Resembles known issues" section of summary.md (and its section on the flight recorder's
+collectives, read by the same view), ``known_hangs`` in manifest.json and the
 incident metric's ``signature`` label (engine_watchdog/hangs does the matching)."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from engine_watchdog.hangs import (
     section_markdown,
     top_signature_id,
 )
+from engine_watchdog.hangs.collectives import CollectiveView, collectives_lines
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class KnownHangs:
     """manifest.json's ``known_hangs``: the reported matches, best first."""
     top: str
     """The best reported signature's id, or "none": the incident metric's label."""
+    collectives: str = ""
+    """summary.md's section on the flight-recorder dumps ("" when the bundle holds none)."""
 
 
 @functools.cache
@@ -55,10 +59,20 @@ def known_hangs(tmp: Path, draft: Mapping[str, Any], signatures: Path | None = N
         sigs = signatures_at(signatures)
         raw = read_bundle_files(tmp)
         raw.files["manifest.json"] = json.dumps(draft, default=str).encode()
-        matches: list[Match] = match_bundle(build_view(raw), sigs)
+        view = build_view(raw)
+        matches: list[Match] = match_bundle(view, sigs)
     except Exception as exc:  # a bug in matching must not lose the evidence
         log.warning("known-hang matching failed: %s: %s", type(exc).__name__, exc)
         return KnownHangs("", [], NO_MATCH)
     return KnownHangs(
-        section_markdown(matches, sigs), manifest_matches(matches), top_signature_id(matches)
+        section_markdown(matches, sigs),
+        manifest_matches(matches),
+        top_signature_id(matches),
+        _collectives_section(view.collectives),
     )
+
+
+def _collectives_section(cols: tuple[CollectiveView, ...] | None) -> str:
+    if not cols:
+        return ""
+    return "\n".join(["## Collectives (flight recorder)", "", *collectives_lines(cols), ""])

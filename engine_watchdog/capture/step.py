@@ -2,7 +2,8 @@
 
 A step is ``async def step(ctx: CaptureContext) -> StepResult``: it writes its files under
 ``ctx.workdir`` (relative names in ``StepResult.files``), never raises for an expected failure,
-and stays within ``ctx.timeout_s``. The bundle writer runs steps concurrently and records each
+and stays within ``ctx.timeout_s``. The bundle writer runs steps concurrently, in phases (those
+that only look, then those that wake the engine, then a destructive one), and records each
 result in the manifest; one failed step never stops the others.
 """
 
@@ -45,3 +46,10 @@ class StepResult:
 
 
 CaptureStep = Callable[[CaptureContext], Awaitable[StepResult]]
+
+WAKES_THE_ENGINE = frozenset({"flight-recorder", "faulthandler"})
+"""Steps (by ``__name__``) that make the engine run code of its own: PyTorch's flight-recorder
+dump thread, a signal handler. The bundle writer runs them after the steps that only look
+(py-spy, NVML), so the stacks show the engine as the stall left it. On an H200, a concurrent
+py-spy caught PyTorch's dump thread importing torch._dynamo for the dump, and the summary named
+it "in a collective" (docs/gpu-verification.md)."""

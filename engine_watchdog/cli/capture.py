@@ -26,7 +26,7 @@ from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.redact import redact_url
 from engine_watchdog.engines import VLLM
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
-from engine_watchdog.probes.procs import FIX_NOT_FOUND, sample_procs, url_port
+from engine_watchdog.probes.procs import FIX_NOT_FOUND, discover, sample_procs, url_port
 
 PY_SPY = One(PY_SPY_OPT)
 """doctor's; the commands that write bundles have it in the CAPTURE group."""
@@ -65,7 +65,10 @@ def find_procs(url: str | None, pids: Sequence[int]) -> tuple[ProcInfo, ...]:
             "check the PID (a container's PIDs differ from the host's)"
         )
     if not procs:
-        raise CliError(f"no engine process found for {url}: {FIX_NOT_FOUND}")
+        why = "; ".join(discover(url)[0].notes) if url else ""  # the error path only: a rescan
+        raise CliError(
+            f"no engine process found for {url}{f' ({why})' if why else ''}: {FIX_NOT_FOUND}"
+        )
     return procs
 
 

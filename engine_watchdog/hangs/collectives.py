@@ -13,7 +13,7 @@ import io
 import json
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,3 +91,43 @@ def parse_collectives(
         m = _RANK.match(rel[len(PREFIX) :])
         out.append(CollectiveView(int(m.group(1)) if m else n, rel, *last))
     return tuple(out) if out else None
+
+
+def collectives_lines(cols: Sequence[CollectiveView]) -> list[str]:
+    """A table of each rank's last collective, then what it says: a rank behind the others is
+    the peer that never joined (PyTorch's analyser, torchfrtrace, says "Not all ranks joining
+    collective ... missing ranks" of the same dumps; it also compares whole rings, this only the
+    last entries)."""
+    rows = ["| rank | last collective | sequence | state |", "|---|---|---|---|"]
+    for c in sorted(cols, key=lambda c: c.rank):
+        seq = "-" if c.seq is None else str(c.seq)
+        rows.append(f"| {c.rank} | `{c.op}` | {seq} | {c.state or '-'} |")
+    reading = _reading(cols)
+    return [*rows, "", reading] if reading else rows
+
+
+def _ranks(cols: Sequence[CollectiveView]) -> str:
+    ranks = sorted(c.rank for c in cols)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _reading(cols: Sequence[CollectiveView]) -> str:
+    known = [c for c in cols if c.seq is not None]
+    if len(known) < 2:
+        return ""
+    top = max(c.seq or 0 for c in known)
+    ahead = [c for c in known if c.seq == top]
+    behind = [c for c in known if c.seq != top]
+    ops = sorted({c.op for c in ahead})
+    if behind:
+        behind = sorted(behind, key=lambda c: c.rank)
+        whose = "its last is" if len(behind) == 1 else "their last:"
+        return (
+            f"{_ranks(ahead).capitalize()} reached collective {top} (`{ops[0]}`, "
+            f"{ahead[0].state or 'state unknown'}); {_ranks(behind)} never issued it ({whose} "
+            f"{', '.join(str(c.seq) for c in behind)}): look at {_ranks(behind)}, "
+            "the peer that never joined."
+        )
+    if len(ops) > 1:
+        return f"At collective {top} the ranks issued different collectives ({', '.join(ops)})."
+    return f"Every rank is at collective {top} (`{ops[0]}`): none is behind."

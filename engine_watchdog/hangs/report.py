@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from engine_watchdog.hangs import report_parts as rp
+from engine_watchdog.hangs.collectives import collectives_lines
 from engine_watchdog.hangs.match import Match, reported
 from engine_watchdog.hangs.render import match_lines, nothing_matched
 from engine_watchdog.hangs.schema import SignatureSet
@@ -88,6 +89,7 @@ def _parts(view: BundleView, matches: Sequence[Match], sigs: SignatureSet) -> di
             ]
         ),
         "stacks": _stacks_part(v),
+        "collectives": Part([(partial(_collectives, v), "")]),
         "matches": Part(
             [
                 (partial(_matches, matches, sigs, True), ""),
@@ -130,6 +132,10 @@ def _stacks_part(v: BundleView) -> Part:
     )
 
 
+def _collectives(view: BundleView) -> list[str]:
+    return collectives_lines(view.collectives) if view.collectives else []
+
+
 def _gone(where: str) -> list[str]:
     return [f"(left out to fit the limit: see {where} in the bundle)"]
 
@@ -168,13 +174,15 @@ def _body(parts: dict[str, Part]) -> list[str]:
         ),
         ("Where it is stuck** (engine-watchdog's reading of the stacks):", "where"),
         ("Stacks** (py-spy; identical stacks shown once):", "stacks"),
+        ("Collectives** (each rank's last entry in the NCCL flight recorder):", "collectives"),
         ("Resembles known issues** (engine-watchdog's signatures):", "matches"),
         ("What was already tried** (the watchdog's actions and their results):", "actions"),
         ("Engine log** (tail):", "log"),
     )
     out: list[str] = []
     for title, key in sections:
-        out += [f"**{title}", "", *parts[key].lines, ""]
+        if parts[key].lines:  # a part with nothing to say (no flight-recorder dump) is left out
+            out += [f"**{title}", "", *parts[key].lines, ""]
     return out
 
 

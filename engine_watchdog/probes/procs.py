@@ -4,9 +4,12 @@ Discovery starts from the server's listening port (the API server) and adds its 
 (engine cores, workers), the other children of the engine's own launcher where it starts the
 API server and the engine side by side (TGI), and orphaned title-matched engine processes (an
 engine core whose API server died is still ours; one with a live parent belongs to that
-parent's engine). Where no
-socket at all is visible (another network namespace) every title match is taken; where sockets
-are visible but none on the port, nothing is (a wrong URL must not capture another engine).
+parent's engine). Where no socket listens on the URL's port at its address, nothing is taken:
+a wrong URL must not capture another engine, nor a process that listens on the same port at
+another address. Where the socket is there but its owner is hidden (another user or PID
+namespace: a sidecar of another UID), the title matches are taken if they make one engine, and
+none if they make several (which one serves the URL cannot be told). Where the socket table
+cannot be read at all, every title match is taken.
 Explicit PIDs (``--pid``) replace the port and bring their descendants.
 
 Host access is passed in: ``table`` (a :class:`ProcTable`, psutil by default) and ``proc_root``
@@ -72,6 +75,11 @@ def url_port(url: str) -> int:
     return parts.port or (443 if parts.scheme == "https" else 80)
 
 
+def url_host(url: str) -> str:
+    """The host part of an http(s) URL, as written (an IP or a name)."""
+    return urlsplit(url).hostname or ""
+
+
 def title_of(cmdline: Sequence[str]) -> str:
     """The process title: setproctitle rewrites argv, so the joined command line is the title."""
     return " ".join(a for a in cmdline if a).strip()[:TITLE_MAX]
@@ -127,20 +135,22 @@ def _ancestors(pid: int, procs: Mapping[int, RawProc]) -> list[int]:
 
 def select_pids(
     procs: Mapping[int, RawProc],
-    listeners: Mapping[int, frozenset[int]],
+    listeners: Mapping[int, frozenset[int]] | None,
     profile: EngineProfile,
     port: int | None = None,
     explicit: Sequence[int] = (),
 ) -> Discovery:
-    """Pure discovery over a process-table snapshot (see the module docstring for the rules)."""
+    """Pure discovery over a process-table snapshot (see the module docstring for the rules);
+    ``listeners`` as :meth:`ProcTable.listeners` gives them for the URL's host."""
     children = _children_map(procs)
     if explicit:
         members = _descendants(explicit, children) | set(explicit)
         return Discovery(pids=_ordered(members, procs, profile))
-    listening = listeners.get(port, frozenset()) if port is not None else frozenset()
-    if port is not None and listeners and not listening:
-        # Sockets are visible but none on this port: a wrong URL, not someone else's engine.
-        return Discovery((), notes=(f"no visible process listens on port {port}",))
+    listening = (listeners or {}).get(port, frozenset()) if port is not None else frozenset()
+    hidden = port is not None and listeners is not None and not listening
+    if hidden and port not in (listeners or {}):
+        # No socket on this port: a wrong URL, not someone else's engine.
+        return Discovery((), notes=(f"nothing listens on port {port} at the URL's address",))
     # Several API servers share one socket: keep the topmost holders as roots.
     roots = {p for p in listening if not set(_ancestors(p, procs)) & listening}
     members = _descendants(roots | _launched_with(roots, procs, children, profile), children)
@@ -151,9 +161,33 @@ def select_pids(
         # a title match with a live parent belongs to whichever engine that parent runs.
         if not listening or p.ppid <= 1 or p.ppid not in procs:
             members |= _descendants([p.pid], children)
-    notes = () if listening or port is None else ("no listening sockets visible: used titles",)
+    notes = () if listening or port is None else ("the socket table is not readable: used titles",)
+    if hidden:  # the socket is there, its owner hidden: as a sidecar of another UID sees it
+        engines = _engines_among(members, procs, profile)
+        if engines > 1:  # which one serves the URL cannot be told
+            return Discovery(
+                (), notes=(f"{_hidden(port)}, and {engines} engines match the titles",)
+            )
+        notes = (f"{_hidden(port)}: its engine found by title",)
     ordered = _ordered(members, procs, profile, frozenset(listening))
     return Discovery(ordered, frozenset(listening), notes)
+
+
+def _hidden(port: int | None) -> str:
+    return f"the process listening on port {port} is not visible (another user or PID namespace)"
+
+
+def _engines_among(
+    members: Iterable[int], procs: Mapping[int, RawProc], profile: EngineProfile
+) -> int:
+    """How many engines the title-matched processes make: the topmost of them (their parent no
+    title match) grouped by that parent (an API server, or init for orphans)."""
+    titled = {
+        p
+        for p in members
+        if p in procs and title_of(procs[p].cmdline).startswith(profile.process_titles)
+    }
+    return len({procs[p].ppid for p in titled if procs[p].ppid not in titled})
 
 
 def _launched_with(
@@ -227,7 +261,7 @@ def discover(
     the process-table snapshot it used. Blocking."""
     table = table if table is not None else PsutilTable()
     port = url_port(url) if url and not pids else None
-    listeners = table.listeners() if port is not None else {}
+    listeners = table.listeners(url_host(url)) if url and port is not None else None
     snapshot = table.processes()
     return select_pids(snapshot, listeners, profile, port=port, explicit=pids), snapshot
 

@@ -5,6 +5,7 @@ Every call blocks (psutil reads ``/proc``).
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,8 +31,10 @@ class ProcTable(Protocol):
         """Every visible process."""
         ...
 
-    def listeners(self) -> Mapping[int, frozenset[int]]:
-        """TCP port -> PIDs holding a listening socket on it (PIDs we may not see are absent)."""
+    def listeners(self, host: str | None = None) -> Mapping[int, frozenset[int]] | None:
+        """TCP port -> PIDs holding a listening socket on it that can serve ``host`` (None: any
+        address). A port whose socket's owner cannot be seen (another PID namespace or user)
+        maps to no PIDs; None: the socket table itself cannot be read."""
         ...
 
 
@@ -46,16 +49,49 @@ class PsutilTable:
             out[p.pid] = _raw(p.info)
         return out
 
-    def listeners(self) -> Mapping[int, frozenset[int]]:
+    def listeners(self, host: str | None = None) -> Mapping[int, frozenset[int]] | None:
         by_port: dict[int, set[int]] = {}
         try:
             conns = psutil.net_connections(kind="tcp")
         except psutil.AccessDenied:  # no socket visible: discovery falls back to titles
-            return {}
+            return None
         for c in conns:
-            if c.status == psutil.CONN_LISTEN and c.pid is not None and c.laddr:
-                by_port.setdefault(c.laddr.port, set()).add(c.pid)
+            if c.status != psutil.CONN_LISTEN or not c.laddr:
+                continue
+            ip, port = c.laddr[0], c.laddr[1]
+            if host is None or serves(ip, host):
+                holders = by_port.setdefault(port, set())
+                holders.update([c.pid] if c.pid is not None else [])
         return {port: frozenset(pids) for port, pids in by_port.items()}
+
+
+def serves(address: str, host: str) -> bool:
+    """Whether a socket listening on ``address`` answers connections to ``host``. A port number
+    alone is not enough: another process may listen on the same port at another address (a
+    torch TCPStore on the host's IP beside a server on 127.0.0.1), and it is not the engine.
+    A name other than localhost cannot be resolved here (no lookups): any address may serve it."""
+    try:
+        bound = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return True
+    if bound.is_unspecified:  # 0.0.0.0 or :: serve every address
+        return True
+    if host.strip("[]").lower() == "localhost":
+        return bound.is_loopback or _mapped(bound).is_loopback
+    try:
+        wanted = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return True
+    return _mapped(bound) == _mapped(wanted)
+
+
+def _mapped(
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    # ::ffff:127.0.0.1 (a dual-stack socket's view of an IPv4 peer) is 127.0.0.1.
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
 
 
 def _raw(info: Mapping[str, Any]) -> RawProc:

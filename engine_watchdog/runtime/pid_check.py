@@ -21,7 +21,7 @@ import psutil
 from engine_watchdog.core.settings import SettingsError, WatchSettings
 from engine_watchdog.engines import PROFILES
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.probes.procs import classify_role, title_of, url_port
+from engine_watchdog.probes.procs import classify_role, title_of, url_host, url_port
 from engine_watchdog.probes.proctable import PsutilTable, RawProc
 
 FIX = "give the PID of the engine's API server, or leave --pid out to find it from the URL's port"
@@ -37,9 +37,11 @@ def check_pids(settings: WatchSettings, acting: bool = True) -> None:
     uid = engine_uid(settings)
     profiles = list(PROFILES.values()) if settings.engine == "auto" else [PROFILES[settings.engine]]
     table = PsutilTable()
-    listeners = table.listeners()
-    port = url_port(settings.url) if settings.url else None
-    serving = listeners.get(port, frozenset()) if port is not None else frozenset()
+    listeners = table.listeners() or {}
+    serving: frozenset[int] = frozenset()
+    if settings.url:  # the URL's own server, not a socket on its port at another address
+        at_url = table.listeners(url_host(settings.url)) or {}
+        serving = at_url.get(url_port(settings.url), serving)
     procs: Mapping[int, RawProc] | None = None
     for pid in pids:
         try:

@@ -5,8 +5,7 @@ is replaced by a stand-in: a debootstrap'd Debian bookworm minbase with python3 
 locks are resolved for), imported with ``podman import``. Its tarball is cached in
 ``.cache/image/`` (a second run imports it in seconds, or finds the image already there).
 This host's cgroups break crun and its hard ulimits are below podman's defaults: every podman
-call goes through runc with cgroupfs, every container gets explicit ulimits. Debootstrap and the
-build run under ``flock /tmp/ew-heavy.lock`` (one heavy job at a time on the shared machine).
+call goes through runc with cgroupfs, every container gets explicit ulimits.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ import pytest
 from tests.deploy.tools import DEPLOY, REPO
 
 CACHE = REPO / ".cache" / "image"
-HEAVY_LOCK = "/tmp/ew-heavy.lock"
-HEAVY_LOCK_WAIT_S = 900
+BUILD_TIMEOUT_S = 900
 SUITE = "bookworm"
 BASE_PACKAGES = "python3,python3-venv,python3-pip,python-is-python3,ca-certificates"
 BASE_KEY = hashlib.sha256(f"{SUITE} minbase {BASE_PACKAGES}".encode()).hexdigest()[:12]
@@ -108,36 +106,6 @@ def bounded(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def heavy(argv: Sequence[str]) -> list[str]:
-    """argv under the shared machine's heavy-job lock, unless an ancestor of this process (a
-    whole suite run as `flock /tmp/ew-heavy.lock make test`) holds it already: waiting for it
-    then would wait for ourselves."""
-    if _lock_holders(HEAVY_LOCK) & _ancestors():
-        return list(argv)
-    return ["flock", "--wait", str(HEAVY_LOCK_WAIT_S), HEAVY_LOCK, *argv]
-
-
-def _lock_holders(path: str) -> set[int]:
-    """PIDs holding a lock on ``path``, from /proc/locks (``PID MAJ:MIN:INODE`` per lock;
-    lines with ``->`` are processes still waiting for it)."""
-    try:
-        st = os.stat(path)
-        locks = Path("/proc/locks").read_text()
-    except OSError:
-        return set()
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    holders = set()
-    for line in locks.splitlines():
-        fields = line.split()
-        if "->" not in fields and key in fields and fields[fields.index(key) - 1].isdigit():
-            holders.add(int(fields[fields.index(key) - 1]))
-    return holders
-
-
-def _ancestors() -> set[int]:
-    return {p.pid for p in psutil.Process().parents()}
-
-
 def podman_or_skip() -> Podman:
     """podman, once it is shown to run here. Missing tools fail (ensure-tools installs them);
     a host that cannot run containers (no root, cgroups or namespaces refused) skips, saying
@@ -173,7 +141,7 @@ def _debootstrap(tarball: Path) -> None:
     rootfs = CACHE / f"rootfs-{BASE_KEY}.partial"
     shutil.rmtree(rootfs, ignore_errors=True)
     argv = ["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", SUITE, str(rootfs)]
-    proc = bounded(heavy(argv), HEAVY_LOCK_WAIT_S + 900)
+    proc = bounded(argv, BUILD_TIMEOUT_S)
     if proc.returncode != 0:
         pytest.fail(f"debootstrap failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     partial = tarball.with_suffix(".partial")
@@ -194,7 +162,7 @@ def build_image(podman: Podman, base: str) -> float:
     ]  # fmt: skip
     if HOST_CA.exists():
         args += ["--secret", f"id=ca,src={HOST_CA}"]
-    proc = bounded(heavy(podman.argv(*args, str(REPO))), HEAVY_LOCK_WAIT_S + 600)
+    proc = bounded(podman.argv(*args, str(REPO)), BUILD_TIMEOUT_S)
     if proc.returncode != 0:
         pytest.fail(f"podman build failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return time.monotonic() - started

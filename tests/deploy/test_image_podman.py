@@ -34,7 +34,7 @@ import pytest
 from engine_watchdog.sim.launcher import free_port
 from tests.deploy import podman as pm
 
-pytestmark = [pytest.mark.xdist_group("image"), pytest.mark.timeout(2400)]
+pytestmark = pytest.mark.timeout(2400)  # one worker for the module: tests/conftest.py
 INCIDENTS = "/var/lib/engine-watchdog/incidents"
 PREFIX = "ew-test-"  # + this process's PID: stale ones are recognised and removed
 
@@ -64,8 +64,7 @@ def image() -> Iterator[pm.Podman]:
     base_s = time.monotonic() - started
     build_s = pm.build_image(podman, base)
     print(
-        f"\n[image] base {how} in {base_s:.1f} s, build {build_s:.1f} s (with any wait for "
-        f"{pm.HEAVY_LOCK}); "
+        f"\n[image] base {how} in {base_s:.1f} s, build {build_s:.1f} s; "
         f"kernel.yama.ptrace_scope: {pm.ptrace_scope()}"
     )
     yield podman

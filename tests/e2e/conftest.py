@@ -44,12 +44,10 @@ def _wants_e2e(items: Sequence[pytest.Item]) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With pytest-xdist, every e2e test runs in one worker, one module after the other (two
-    real vLLMs at once would starve each other on 2 cores), while the other tests run beside
-    them. That worker builds the vLLM venv on first use, so the first test may take long."""
+    """Under pytest-xdist every e2e test runs in one worker (tests/conftest.py), which builds
+    the vLLM venv on first use, so the first test may take long."""
     for item in items:
         if item.get_closest_marker("e2e") is not None:
-            item.add_marker(pytest.mark.xdist_group("vllm"))
             item.add_marker(pytest.mark.timeout(900))
 
 

@@ -49,8 +49,8 @@ from engine_watchdog.probes.canary import Canary
 from engine_watchdog.recovery.abort import abort_requests
 from engine_watchdog.sim.launcher import free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
-from tests.tools.guard import completion, stream
-from tests.tools.guard_compare import normalised, pairs_of, watchdog_metric
+from tests.tools.guard import completion, normalised, stream
+from tests.tools.guard_compare import pairs_of, watchdog_metric
 from tests.tools.recovery_harness import (
     REPORT_LINES,
     Recovery,

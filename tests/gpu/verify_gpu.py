@@ -47,6 +47,12 @@ CORE_ENV = {  # FACTS.md, GPU section
     "CUDA_COREDUMP_GENERATION_FLAGS": "skip_nonrelocated_elf_images,skip_global_memory,"
     "skip_shared_memory,skip_local_memory,skip_constbank_memory",
 }
+FLIGHT_RECORDER_ENV = {  # PyTorch's flight recorder, dumped through its pipe (FACTS.md)
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/nccl_pipe_",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/tmp/nccl_trace_rank_",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
 SAFE_ENV = {  # the device notes: never NVLink multicast on shared hosts
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -289,23 +295,26 @@ def verify_compute_idle(out: Path, probe: GpuProbe) -> list[dict[str, Any]]:
     return rows
 
 
-def worker(rank: int) -> None:
+def worker(rank: int, device: int | None = None, elements: int = 1 << 20) -> None:
+    """One rank: a warm-up all_reduce both join, then rank 0 alone in a second one. Each rank
+    on GPU ``rank``, or all on GPU ``device`` (verify_nccl_one_gpu.py)."""
     # Only on the device, only in the worker; imported by name so that mypy needs no torch here.
     torch = importlib.import_module("torch")
     dist = importlib.import_module("torch.distributed")
 
-    torch.cuda.set_device(rank)
+    gpu = rank if device is None else device
+    torch.cuda.set_device(gpu)
     dist.init_process_group(
         "nccl",
         rank=rank,
         world_size=2,
         timeout=datetime.timedelta(seconds=300),
-        device_id=torch.device(f"cuda:{rank}"),
+        device_id=torch.device(f"cuda:{gpu}"),
     )
-    x = torch.ones(1 << 20, device="cuda")
+    x = torch.ones(elements, device="cuda")
     dist.all_reduce(x)  # both join: warm-up
     torch.cuda.synchronize()
-    print(f"rank {rank} warm all_reduce ok", flush=True)
+    print(f"rank {rank} warm all_reduce ok sum={float(x[0])}", flush=True)
     if rank == 0:
         dist.all_reduce(x)  # the peer never joins
         torch.cuda.synchronize()
@@ -324,11 +333,8 @@ def verify_nccl(out: Path, probe: GpuProbe, tools: dict[str, str]) -> dict[str, 
         **CORE_ENV,
         **SAFE_ENV,
         MASTER_ADDR="127.0.0.1",
+        **FLIGHT_RECORDER_ENV,
         MASTER_PORT="29533",
-        TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
-        TORCH_NCCL_DEBUG_INFO_PIPE_FILE="/tmp/nccl_pipe_",
-        TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/tmp/nccl_trace_rank_",
-        TORCH_NCCL_DUMP_ON_TIMEOUT="1",
     )
     logs = [out / f"rank{r}.log" for r in range(2)]
     ranks = [

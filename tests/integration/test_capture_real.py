@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -249,3 +249,28 @@ async def test_disk_that_fills_leaves_no_partial_bundle(
         [pyspy_step()],
     )
     assert res.path.parent == small_disk / "inc" and res.steps[0].status == "ok"
+
+
+async def test_a_destructive_step_leaves_the_engine_s_records_and_masking(tmp_path: Path) -> None:
+    """The CUDA core dump ends the engine it dumps (seen on an H200: the bundle then held no
+    command line or environment for the engine core, and its log's masking knew none of its
+    secrets). The records are read before the steps run."""
+    secret = "sk-destructive-0123456789abcdef"
+    with start("fake_engine.py", "300", "--api-key", secret) as victim:
+
+        async def ends_it(ctx: CaptureContext) -> StepResult:  # what cuda-coredump does to it
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.proc.wait(10)
+            return StepResult("ends-it", "ok", ())
+
+        log = tmp_path / "engine.log"
+        log.write_text(f"INFO started with --api-key {secret}\n")
+        procs = sample_procs(pids=[victim.pid]).procs
+        s = BundleSettings(CaptureSettings(incident_dir=tmp_path / "inc", engine_log=log))
+        res = await write_bundle(replace(s, destructive=True), None, procs, [], [ends_it])
+    records = json.loads((res.path / "processes.json").read_text())
+    (record,) = [r for r in records if r["pid"] == victim.pid]
+    assert "cmdline_error" not in record, record
+    assert "--api-key" in record["cmdline"] and secret not in json.dumps(record)
+    logged = (res.path / "engine.log").read_text()
+    assert "--api-key" in logged and secret not in logged, logged

@@ -15,6 +15,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -43,6 +44,10 @@ def core_of(port: int) -> psutil.Process:
     cores = [c for c in psutil.Process(server).children() if "EngineCore" in " ".join(c.cmdline())]
     assert len(cores) == 1, cores
     return cores[0]
+
+
+def restart_records(incident_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in history(incident_dir) if r["action"] == "restart"]
 
 
 def alive(proc: psutil.Process) -> bool:
@@ -188,9 +193,7 @@ async def test_another_users_engine_is_refused_as_pid_and_spared_by_a_restart(
                 "watch", url, "--action", "restart", "--incident-dir", str(tmp_path), *STALL
             )
             await watch.next_state("stalled", timeout=40)
-            restarts = await eventually(
-                lambda: [r for r in history(tmp_path) if r["action"] == "restart"], 30
-            )
+            restarts = await eventually(lambda: restart_records(tmp_path), 30)
         finally:
             client.cancel()
         assert restarts[0]["result"] == "failed", restarts
@@ -218,7 +221,9 @@ async def test_a_restart_kills_the_stalled_engine_only(
             await eventually(lambda: not alive(cores[0]), 30, what="engine A's core killed")
         finally:
             client.cancel()
+        # The record is written when the rung ends, after the kill (seen late under load).
+        await eventually(lambda: restart_records(tmp_path), 30, what="the restart record")
         assert alive(cores[1]), "the healthy engine's core was killed"
         assert alive(orphan), "an orphaned engine core outside the engine's tree was killed"
-        (restart,) = [r for r in history(tmp_path) if r["action"] == "restart"]
+        (restart,) = restart_records(tmp_path)
         assert restart["result"] == "ok" and f"spared {orphan.pid}" in restart["detail"], restart

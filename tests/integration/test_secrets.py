@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import stat
 import sys
 from collections.abc import Callable
@@ -144,10 +145,11 @@ def secret_engine(port: int) -> list[str]:
             "--tokens-per-second", "30", "--", *FIX["engine_argv"]]  # fmt: skip
 
 
-async def exercise(tmp: Path, run: Console, watch: Console) -> list[str]:
+async def exercise(tmp: Path, run: Console, watch: Console, closed: int) -> list[str]:
     """run supervises the engine, watch records and captures it through a stall; returns what
-    the HTTP endpoints, ps and the one-shot commands showed meanwhile."""
-    port, closed = free_port(), free_port()
+    the HTTP endpoints, ps and the one-shot commands showed meanwhile. ``closed``: a port
+    nothing listens on (the Alertmanager that refuses, the dead engine)."""
+    port = free_port()
     listens = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     url = f"http://{FIX['target_userinfo']}@127.0.0.1:{port}"
     env = {**os.environ, "SECRET_ENGINE_TEE": str(tmp / "raw.log")}
@@ -183,7 +185,9 @@ def leaks_in_files(tmp: Path) -> dict[str, list[str]]:
 async def test_no_secret_in_any_file_log_trace_bundle_or_endpoint(tmp_path: Path) -> None:
     run, watch = Console(tmp_path, "run"), Console(tmp_path, "watch")
     try:
-        seen = await exercise(tmp_path, run, watch)
+        with socket.socket() as held:  # bound, never listening: no other test's server takes it
+            held.bind(("127.0.0.1", 0))
+            seen = await exercise(tmp_path, run, watch, held.getsockname()[1])
     finally:
         await asyncio.gather(watch.stop(), run.stop())
         for console in (c for c in (run, watch) if c.err.exists()):  # shown when it fails

@@ -4,7 +4,6 @@ the engine and through the guard at the same moment, the two streams compared ev
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import aiohttp
@@ -13,15 +12,6 @@ from tests.tools.guard import Stream, completion, stream
 from tests.tools.recovery_harness import Supervised
 from tests.tools.vllm_server import SERVED_MODEL, http_get
 from tests.tools.watch import metric
-
-
-def normalised(events: list[bytes]) -> list[bytes]:
-    """Events without what differs between two identical requests (creation time, id)."""
-    out = []
-    for e in events:
-        e = re.sub(rb'"created":\d+', b'"created":0', e)
-        out.append(re.sub(rb'"id":"cmpl-[^"]*"', b'"id":"-"', e))
-    return out
 
 
 async def pairs_of(

@@ -46,7 +46,7 @@ async def start_watch(
     listen = f"127.0.0.1:{free_port()}"
     # As a user's shell runs it: this host exports PYTHONUNBUFFERED, which once hid that --json
     # lines sat in stdout's buffer when stdout was a pipe (a container's, a `| jq`).
-    env = {k: v for k, v in (os.environ if env is None else env).items()}
+    env = dict(os.environ if env is None else env)
     env.pop("PYTHONUNBUFFERED", None)
     with contextlib.ExitStack() as files:
         log = files.enter_context(stderr.open("wb")) if stderr is not None else None

@@ -171,6 +171,31 @@ async def test_a_destructive_bundle_ends_the_process_only_after_the_other_steps(
     assert [r.name for r in res.steps] == ["py-spy", "cuda-coredump"]
 
 
+async def test_stacks_are_taken_before_the_flight_recorder_wakes_the_engine(
+    tmp_path: Path,
+) -> None:
+    """The flight-recorder trigger makes PyTorch's dump thread run in the engine: on an H200 a
+    concurrent py-spy caught that thread mid-dump and the summary called it "in a collective".
+    The stacks and the GPU come first; the results keep the steps' order."""
+    woken = False
+    seen: list[str] = []
+
+    async def stacks(ctx: CaptureContext) -> StepResult:
+        await asyncio.sleep(0.2)
+        seen.append("dump thread running" if woken else "engine as the stall left it")
+        return StepResult("py-spy", "ok")
+
+    async def flight_recorder(ctx: CaptureContext) -> StepResult:
+        nonlocal woken
+        woken = True
+        return StepResult("flight-recorder", "ok")
+
+    flight_recorder.__name__ = "flight-recorder"
+    res = await write_bundle(settings(tmp_path), VERDICT, [CORE], [], [flight_recorder, stacks])
+    assert seen == ["engine as the stall left it"]
+    assert [r.name for r in res.steps] == ["flight-recorder", "py-spy"]
+
+
 async def test_disk_full_in_a_step_leaves_nothing(tmp_path: Path) -> None:
     async def filling_step(ctx: CaptureContext) -> StepResult:
         write_private(ctx.workdir / "big.bin", b"x" * 10)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,7 +24,6 @@ from engine_watchdog.capture.doctor import (
 )
 from engine_watchdog.cli.errors import EXIT_USAGE
 from engine_watchdog.core.model import ProcInfo
-from engine_watchdog.sim.launcher import free_port
 from tests.tools.cli import run_cli_sync
 
 
@@ -106,6 +108,25 @@ def test_report_ok_ignores_optional() -> None:
     assert DoctorReport(()).ok
 
 
+@contextlib.contextmanager
+def port_nobody_listens_on() -> Iterator[int]:
+    """A port nothing listens on at 127.0.0.1, held bound so no other test's server takes it,
+    while this process listens on the same port at 127.0.0.2: not the URL's server, so the
+    capture must not take it for the engine (nor take another test's vLLM by its title)."""
+    for _ in range(50):  # the port may be in use at 127.0.0.1 already: take another
+        with socket.socket() as elsewhere, socket.socket() as held:
+            elsewhere.bind(("127.0.0.2", 0))
+            elsewhere.listen()
+            port = elsewhere.getsockname()[1]
+            try:
+                held.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            yield port
+            return
+    raise AssertionError("no port free at both 127.0.0.1 and 127.0.0.2 in 50 tries")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -117,14 +138,15 @@ def test_report_ok_ignores_optional() -> None:
         (["--pid", "1", "--timeout", "0"], "--timeout"),
         (["--pid", "1", "--engine-log", "/nonexistent/log"], "not a readable file"),
         (["--pid", "2147483646"], "no process with PID 2147483646"),
-        (["--url", "http://127.0.0.1:{port}"], "shareProcessNamespace"),
+        (["--url", "http://127.0.0.1:{port}"], "at the URL's address): check --url"),
     ],
 )
 def test_capture_bad_input_exits_64_with_the_fix(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
-    args = [a.format(port=free_port()) for a in args]
-    ran = run_cli_sync("capture", *args, "--incident-dir", str(tmp_path), "--py-spy", NO_PY_SPY)
+    with port_nobody_listens_on() as port:
+        args = [a.format(port=port) for a in args]
+        ran = run_cli_sync("capture", *args, "--incident-dir", str(tmp_path), "--py-spy", NO_PY_SPY)
     assert ran.code == EXIT_USAGE, ran
     assert message in ran.err and len(ran.err.strip().splitlines()) == 1
     assert "Traceback" not in ran.err + ran.out

@@ -1,7 +1,10 @@
-"""Process discovery and sampling over plain data (a fake process table and a fake /proc)."""
+"""Process discovery and sampling over plain data (a fake process table and a fake /proc), and
+the host's real socket table where a listener's address decides."""
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,6 +14,7 @@ from engine_watchdog.engines import PROFILES, TGI, VLLM
 from engine_watchdog.probes.pidns import read_ns_pid
 from engine_watchdog.probes.procs import (
     classify_role,
+    discover,
     normalise_state,
     sample_procs,
     sample_procs_async,
@@ -18,7 +22,7 @@ from engine_watchdog.probes.procs import (
     title_of,
     url_port,
 )
-from engine_watchdog.probes.proctable import RawProc
+from engine_watchdog.probes.proctable import PsutilTable, RawProc, serves
 
 
 def raw(pid: int, ppid: int, *cmdline: str, status: str = "sleeping", cpu: float = 1.0) -> RawProc:
@@ -26,14 +30,16 @@ def raw(pid: int, ppid: int, *cmdline: str, status: str = "sleeping", cpu: float
 
 
 class FakeTable:
-    def __init__(self, procs: list[RawProc], listeners: Mapping[int, frozenset[int]]) -> None:
+    def __init__(
+        self, procs: list[RawProc], listeners: Mapping[int, frozenset[int]] | None
+    ) -> None:
         self._procs = {p.pid: p for p in procs}
         self._listeners = listeners
 
     def processes(self) -> Mapping[int, RawProc]:
         return self._procs
 
-    def listeners(self) -> Mapping[int, frozenset[int]]:
+    def listeners(self, host: str | None = None) -> Mapping[int, frozenset[int]] | None:
         return self._listeners
 
 
@@ -76,16 +82,43 @@ def test_several_api_servers_share_one_socket() -> None:
     assert found.pids[:3] == (503, 505, 504)
 
 
-def test_no_socket_visible_falls_back_to_titles_and_says_so() -> None:
-    found = select_pids({p.pid: p for p in HOST}, {}, VLLM, port=8000)
+def test_an_unreadable_socket_table_falls_back_to_titles_and_says_so() -> None:
+    found = select_pids({p.pid: p for p in HOST}, None, VLLM, port=8000)
     assert set(found.pids) == {101, 102, 301, 400}
     assert "used titles" in found.notes[0]
 
 
-def test_nothing_on_the_port_finds_nothing() -> None:
-    # Another engine's processes must not stand in for a wrong URL's.
-    found = select_pids({p.pid: p for p in HOST}, LISTENERS, VLLM, port=8001)
-    assert found.pids == () and "no visible process listens on port 8001" in found.notes[0]
+@pytest.mark.parametrize("listeners", [LISTENERS, {}, {9000: frozenset()}])
+def test_nothing_on_the_port_finds_nothing(listeners: Mapping[int, frozenset[int]]) -> None:
+    # Another engine's processes must not stand in for a wrong URL's, even on a host where no
+    # socket's owner is visible (seen in CI: a bound, never-listening port, and another test's
+    # real vLLM taken by its title).
+    found = select_pids({p.pid: p for p in HOST}, listeners, VLLM, port=8001)
+    assert found.pids == () and "nothing listens on port 8001" in found.notes[0]
+
+
+def test_a_hidden_listener_is_not_guessed_among_several_engines() -> None:
+    # Another user's engine: its socket is seen, not its owner. Three engines match the titles
+    # (100's and 300's cores, the orphan); which one serves the URL cannot be told.
+    found = select_pids({p.pid: p for p in HOST}, {8000: frozenset()}, VLLM, port=8000)
+    assert found.pids == ()
+    assert "not visible (another user or PID namespace), and 3 engines" in found.notes[0]
+
+
+def test_a_hidden_listener_of_the_only_engine_is_found_by_title() -> None:
+    """A sidecar of another UID in the engine's pod (shared PID namespace): the one engine's
+    processes, data-parallel cores under one API server included, and nothing else."""
+    procs = [
+        raw(1, 0, "/pause"),
+        raw(7, 1, *API.split()),
+        raw(8, 7, "VLLM::EngineCore_DP0"),
+        raw(9, 7, "VLLM::EngineCore_DP1"),
+        raw(10, 8, "VLLM::Worker_DP0_TP0"),
+        raw(30, 1, "engine-watchdog", "watch"),
+    ]
+    found = select_pids({p.pid: p for p in procs}, {8000: frozenset()}, VLLM, port=8000)
+    assert set(found.pids) == {8, 9, 10}
+    assert "its engine found by title" in found.notes[0]
 
 
 def test_without_a_port_every_title_match_counts() -> None:
@@ -242,3 +275,36 @@ async def test_sample_procs_async_reports_gone_pids(tmp_path: Path) -> None:
     obs = await sample_procs_async(pids=[102, 999], table=FakeTable(HOST, {}), proc_root=tmp_path)
     states = {p.pid: p.state for p in obs.procs}
     assert states == {102: "sleeping", 999: "gone"}
+
+
+@pytest.mark.parametrize(
+    ("address", "host", "served"),
+    [
+        ("0.0.0.0", "127.0.0.1", True),
+        ("::", "127.0.0.1", True),
+        ("127.0.0.1", "127.0.0.1", True),
+        ("127.0.0.2", "127.0.0.1", False),
+        ("10.0.0.5", "127.0.0.1", False),
+        ("::ffff:127.0.0.1", "127.0.0.1", True),
+        ("::1", "[::1]", True),
+        ("::1", "localhost", True),
+        ("10.0.0.5", "localhost", False),
+        ("10.0.0.5", "engine.svc", True),  # a name is not resolved: any address may serve it
+    ],
+)
+def test_serves(address: str, host: str, served: bool) -> None:
+    assert serves(address, host) is served
+
+
+def test_a_real_socket_on_the_port_at_another_address_is_not_the_servers() -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.2", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        table = PsutilTable()
+        assert os.getpid() in (table.listeners("127.0.0.2") or {})[port]
+        assert port not in (table.listeners("127.0.0.1") or {})
+        found, _ = discover(f"http://127.0.0.1:{port}")
+        assert found.pids == () and "nothing listens" in found.notes[0]
+        found, _ = discover(f"http://127.0.0.2:{port}")
+        assert os.getpid() in found.pids
