@@ -31,6 +31,7 @@ from engine_watchdog.guard.http1 import (
     MAX_HEAD_BYTES,
     BadFraming,
     Body,
+    Chunked,
     Head,
     Sized,
     body_of,
@@ -102,13 +103,16 @@ class Client:
         self.clock = clock
         self.high = transport.get_write_buffer_limits()[1]
 
-    def put(self, piece: bytes) -> bool:
-        """Note one piece and write it at once; True when the client's buffer went over its
-        high-water mark (the transport has paused aiohttp's writer: drain() waits for it)."""
+    def put(self, piece: bytes, chunk: bytes | None = None) -> bool:
+        """Note one piece and write it at once (``chunk``: the piece already framed as one
+        chunk, as the engine sent it); True when the client's buffer went over its high-water
+        mark (the transport has paused aiohttp's writer: drain() waits for it)."""
         now = self.clock()
         if self.note is not None:
             self.note(self.ex, piece, now)
-        self.transport.write(frame(piece) if self.framed else piece)
+        if chunk is None:
+            chunk = frame(piece) if self.framed else piece
+        self.transport.write(chunk)
         self.ex.waiting_since = now  # waiting on the engine again
         return self.transport.get_write_buffer_size() > self.high
 
@@ -130,6 +134,8 @@ class Upstream(asyncio.Protocol):
         """Body bytes that came before the relay started (the engine is paused meanwhile)."""
         self._client: Client | None = None
         self._client_full = False
+        self._chunked = False
+        """The body is chunked: its whole chunks pass as they came (its client is chunked too)."""
         self._wake: asyncio.Future[None] | None = None
 
     # -- the engine's callbacks (the hot path) -----------------------------------------------
@@ -139,6 +145,11 @@ class Upstream(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if self._chunked and self._client is not None:
+            piece = cast(Chunked, self.body).one_chunk(data)
+            if piece is not None:  # the hot path: one event, one chunk, passed as it came
+                self._forward(piece, data)
+                return
         try:
             if not self.head.done():
                 data = self._read_head(data)
@@ -170,6 +181,7 @@ class Upstream(asyncio.Protocol):
             self._buffer = data
             if head.status >= 200:
                 self.body = body_of(head, self.method)
+                self._chunked = isinstance(self.body, Chunked)
                 assert self.transport is not None
                 self.transport.pause_reading()
                 self.head.set_result(head)
@@ -178,13 +190,13 @@ class Upstream(asyncio.Protocol):
             raise BadFraming(f"a response head over {MAX_HEAD_BYTES} bytes")
         return b""
 
-    def _forward(self, piece: bytes) -> None:
+    def _forward(self, piece: bytes, chunk: bytes | None = None) -> None:
         client = self._client
         if client is None:
             self._early.append(piece)
         elif client.transport.is_closing():
             self._fail(ConnectionResetError("the client went away"))
-        elif client.put(piece):
+        elif client.put(piece, chunk):
             assert self.transport is not None
             self.transport.pause_reading()
             client.ex.waiting_since = None  # on the client now: a slow reader holds its own

@@ -117,6 +117,19 @@ class Chunked(Body):
         self.expect = "size"
         """The next line: a chunk's "size", the "end" of its data (empty), or a "trailer"."""
 
+    def one_chunk(self, data: bytes) -> bytes | None:
+        """The data of ``data`` when ``data`` is exactly one whole chunk, not the last, from a
+        chunk boundary: the common piece of a stream (the engine writes an event, TCP brings it
+        whole), passed on as it came. None otherwise, with nothing consumed: ``feed`` it."""
+        if self.left or self.line or self.expect != "size" or data[-2:] != b"\r\n":
+            return None
+        eol = data.find(b"\r\n", 0, 18)
+        if eol <= 0 or len(data) <= eol + 4 or not _HEX.fullmatch(data, 0, eol):
+            return None
+        if int(data[:eol], 16) != len(data) - eol - 4:
+            return None
+        return data[eol + 2 : -2]
+
     def feed(self, data: bytes) -> bytes:
         parts: list[bytes] = []
         at, end = 0, len(data)

@@ -76,6 +76,64 @@ def test_a_chunked_body_cut_at_every_byte() -> None:
     assert got == b"".join(events) and body.done
 
 
+def relay(body: Chunked, parts: list[bytes]) -> tuple[bytes, list[bytes]]:
+    """What the fast path does with each part: a whole chunk passes as it came, anything else
+    is decoded and framed again. The decoded body, and what the client was sent."""
+    got, sent = [], []
+    for part in parts:
+        if body.done:
+            break
+        piece = body.one_chunk(part)
+        if piece is not None:
+            got.append(piece)
+            sent.append(part)
+        else:
+            got.append(body.feed(part))
+            sent.append(frame(got[-1]) if got[-1] else b"")
+    return b"".join(got), sent
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(st.binary(max_size=300), max_size=8),
+    cuts=st.lists(st.integers(min_value=0), max_size=30),
+    whole=st.booleans(),
+)
+def test_whole_chunks_pass_as_they_came_and_the_body_reads_the_same(
+    pieces: list[bytes], cuts: list[int], whole: bool
+) -> None:
+    """However TCP cuts the body (or, ``whole``, one chunk a read, as engines write events),
+    the client gets the same data in valid chunks, and the end is still found."""
+    raw = chunked(pieces)
+    parts = [frame(p) for p in pieces if p] + [b"0\r\n\r\n"] if whole else split(raw, cuts)
+    body = Chunked()
+    got, sent = relay(body, parts)
+    assert got == b"".join(pieces) and body.done
+    client = Chunked()
+    assert client.feed(b"".join(sent) + b"0\r\n\r\n") == got and client.done
+    if whole:  # every event passed untouched
+        assert sent[: len(parts) - 1] == parts[:-1]
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        b"0\r\n\r\n",  # the last chunk: feed() ends the body
+        b"4;x=1\r\ndata\r\n",  # an extension: decoded, not passed
+        b"4\r\ndata\r\n4\r\ndata\r\n",  # two chunks in one read
+        b"4\r\ndat",  # a chunk not yet whole
+        b"5\r\ndata\r\n",  # its size is not its length
+        b"0x4\r\ndata\r\n",  # a prefix int() would take
+        b"\r\n\r\n",  # no size
+    ],
+)
+def test_what_is_not_exactly_one_whole_chunk_is_left_to_feed(part: bytes) -> None:
+    assert Chunked().one_chunk(part) is None
+    mid = Chunked()
+    mid.feed(b"4\r\nda")  # inside a chunk: nothing is a whole chunk
+    assert mid.one_chunk(b"4\r\ndata\r\n") is None
+
+
 def test_a_chunked_body_is_not_done_before_its_last_chunk() -> None:
     body = Chunked()
     raw = chunked([b"data: x\n\n"])
