@@ -13,7 +13,8 @@ nothing: there the latency column is the time to the first event instead. The gu
 product itself (``engine-watchdog guard``, its detector included) in its own process; its CPU
 per event is its CPU time over the events it passed, its RSS per 1,000 streams the growth of
 its RSS with the streams open, from the idle guard. ``--aiohttp`` also measures the guard
-with its fast path off (``--no-guard-fast-path``), ``--naive`` a 30-line aiohttp pass-through;
+with its fast path off (``--no-guard-fast-path``), ``--naive`` a 30-line aiohttp pass-through,
+``--floor`` the byte relays that do only what every proxy must (benchmarks/relays.py);
 ``--rate`` takes one rate, or one per load (a simulator of its own for each rate).
 """
 
@@ -34,7 +35,9 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+from yarl import URL
 
+from benchmarks import relays
 from engine_watchdog.guard.proxy import raise_open_files_limit
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from tests.tools.cli import CONSOLE_SCRIPT
@@ -54,6 +57,8 @@ class Phase:
     first: list[float] = field(default_factory=list)
     seconds: float = 0.0
     guard_cpu_s: float = 0.0
+    guard_sys_s: float = 0.0
+    """Of guard_cpu_s, the kernel's part."""
     guard_rss_mb: float = 0.0
     errors: int = 0
 
@@ -122,10 +127,12 @@ async def run_phase(
             for _ in range(streams)
         ]
         await asyncio.sleep(max(0.0, begin - time.time()))
-        cpu0 = sum(guard.cpu_times()[:2]) if guard else 0.0
+        cpu0 = guard.cpu_times() if guard else None
         await asyncio.sleep(seconds)
-        if guard is not None:
-            phase.guard_cpu_s = sum(guard.cpu_times()[:2]) - cpu0
+        if guard is not None and cpu0 is not None:
+            cpu = guard.cpu_times()
+            phase.guard_cpu_s = cpu.user + cpu.system - cpu0.user - cpu0.system
+            phase.guard_sys_s = cpu.system - cpu0.system
             phase.guard_rss_mb = guard.memory_info().rss / 2**20
         await asyncio.wait(tasks, timeout=5)
         for task in tasks:
@@ -135,9 +142,9 @@ async def run_phase(
     return phase
 
 
-PROXIES = {"guard": (), "guard-aiohttp": ("--no-guard-fast-path",), "naive": ()}
-"""The proxies measured: the guard (its fast path on), the guard on its aiohttp path only,
-the naive pass-through."""
+PROXIES = {"guard": (), "guard-aiohttp": ("--no-guard-fast-path",)}
+"""The guard's options, its fast path on or off; also measured: the naive pass-through and
+the floor relays (benchmarks/relays.py)."""
 
 
 @contextlib.asynccontextmanager
@@ -146,9 +153,11 @@ async def guard_process(upstream: str, name: str) -> AsyncIterator[tuple[str, ps
     port = free_port()
     argv = [str(CONSOLE_SCRIPT), "guard", upstream, "--guard-listen", f"127.0.0.1:{port}"]
     argv += ["--listen", f"127.0.0.1:{free_port()}", "--no-gpu", "--action", "none"]
-    argv += PROXIES[name]
+    argv += PROXIES.get(name, ())
     if name == "naive":
         argv = [sys.executable, "-m", "benchmarks.naive_proxy", upstream, str(port)]
+    elif name in relays.NAMES:
+        argv = relays.argv(name, URL(upstream).port or 80, port)
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         start_new_session=True,
@@ -178,7 +187,9 @@ class Row:
         d = [x for p in self.direct for x in getattr(p, lat)]
         g = [x for p in self.guard for x in getattr(p, lat)]
         events = sum(p.events for p in self.guard)
-        cpu = sum(p.guard_cpu_s for p in self.guard) / events * 1e6 if events else float("nan")
+        per_event = 1e6 / events if events else float("nan")
+        cpu = sum(p.guard_cpu_s for p in self.guard) * per_event
+        kernel = sum(p.guard_sys_s for p in self.guard) * per_event
         rss = max(p.guard_rss_mb for p in self.guard) - self.idle_rss_mb
         return [
             self.proxy,
@@ -189,7 +200,7 @@ class Row:
             f"{(pct(g, 0.5) - pct(d, 0.5)) * 1e3:+.2f}",
             f"{(pct(g, 0.99) - pct(d, 0.99)) * 1e3:+.2f}",
             f"{pct(d, 0.5) * 1e3:.2f} / {pct(d, 0.99) * 1e3:.2f}",
-            f"{cpu:.1f}",
+            f"{cpu:.1f} ({cpu - kernel:.1f} + {kernel:.1f})",
             f"{rss / self.streams * 1000:.1f}",
             str(sum(p.errors for p in (*self.direct, *self.guard))),
         ]
@@ -204,7 +215,7 @@ HEAD = [
     "added p50 ms",
     "added p99 ms",
     "direct p50 / p99 ms",
-    "proxy CPU µs/event",
+    "proxy CPU µs/event (user + sys)",
     "proxy RSS MB per 1000 streams",
     "errors",
 ]
@@ -244,6 +255,7 @@ async def main_async(args: argparse.Namespace) -> None:
     loads = [int(n) for n in args.streams.split(",")]
     MAX_TOKENS[0] = args.max_tokens
     names = ["guard", *(["guard-aiohttp"] if args.aiohttp else []), *(["naive"] * args.naive)]
+    names += list(relays.NAMES) if args.floor else []
     if args.vllm:
         await asyncio.to_thread(bench_vllm, args, loads, names)
         return
@@ -290,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--naive", action="store_true", help="also the naive pass-through")
     parser.add_argument("--aiohttp", action="store_true", help="also the guard's aiohttp path")
+    parser.add_argument("--floor", action="store_true", help="also the byte relays (C, asyncio)")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS[0])
     parser.add_argument("--vllm", action="store_true", help="start the e2e tests' CPU vLLM")
     asyncio.run(main_async(parser.parse_args(argv)))
