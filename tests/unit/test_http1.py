@@ -124,6 +124,8 @@ def test_whole_chunks_pass_as_they_came_and_the_body_reads_the_same(
         b"4\r\ndat",  # a chunk not yet whole
         b"5\r\ndata\r\n",  # its size is not its length
         b"0x4\r\ndata\r\n",  # a prefix int() would take
+        b"04\r\ndata\r\n",  # valid, but not as frame() writes it: feed() decodes it
+        b"A\r\n0123456789\r\n",  # valid uppercase hex: the same
         b"\r\n\r\n",  # no size
     ],
 )
