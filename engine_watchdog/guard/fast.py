@@ -134,9 +134,9 @@ class Upstream(asyncio.Protocol):
         """Body bytes that came before the relay started (the engine is paused meanwhile)."""
         self._client: Client | None = None
         self._client_full = False
-        self._hot: tuple[Client | None, Chunked | None] = (None, None)
-        """While a chunked body is relayed: its client and its decoder (the hot path: whole
-        chunks pass as they came, the client's body being chunked too)."""
+        self._chunks: Chunked | None = None
+        """A chunked body's decoder, once its relay started: its whole chunks pass as they
+        came (the client's body is chunked too)."""
         self._wake: asyncio.Future[None] | None = None
 
     # -- the engine's callbacks (the hot path) -----------------------------------------------
@@ -146,14 +146,10 @@ class Upstream(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        client, chunks = self._hot
-        if client is not None and chunks is not None:
-            piece = chunks.one_chunk(data)
+        if self._chunks is not None:
+            piece = self._chunks.one_chunk(data)
             if piece is not None:  # the hot path: one event, one chunk, passed as it came
-                if client.transport.is_closing():
-                    self._fail(ConnectionResetError("the client went away"))
-                elif client.put(piece, data):
-                    self._client_over(client)
+                self._forward(piece, data)
                 return
         try:
             if not self.head.done():
@@ -201,15 +197,11 @@ class Upstream(asyncio.Protocol):
         elif client.transport.is_closing():
             self._fail(ConnectionResetError("the client went away"))
         elif client.put(piece, chunk):
-            self._client_over(client)
-
-    def _client_over(self, client: Client) -> None:
-        """The client's buffer is full: stop reading the engine until the client drains."""
-        assert self.transport is not None
-        self.transport.pause_reading()
-        client.ex.waiting_since = None  # on the client now: a slow reader holds its own
-        self._client_full = True
-        self._poke()
+            assert self.transport is not None
+            self.transport.pause_reading()
+            client.ex.waiting_since = None  # on the client now: a slow reader holds its own
+            self._client_full = True
+            self._poke()
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is None:
@@ -229,7 +221,7 @@ class Upstream(asyncio.Protocol):
         """Pass the body to ``client`` until it ends; raises what ended it otherwise."""
         self._client = client
         if isinstance(self.body, Chunked):
-            self._hot = (client, self.body)
+            self._chunks = self.body
         for piece in self._early:
             self._forward(piece)
         self._early.clear()
