@@ -23,7 +23,7 @@ from engine_watchdog.guard.exchange import Exchange
 from engine_watchdog.guard.fast import Upstream
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.sim.launcher import free_port
-from tests.tools.guard import slow_reader
+from tests.tools.guard import served, slow_reader
 from tests.tools.raw_engine import LAST, SSE_HEAD, chunks, cut, raw_engine
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.parametrize("fast", [True, False])]
@@ -293,19 +293,3 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.02)
-
-
-@contextlib.asynccontextmanager
-async def served(
-    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-) -> AsyncIterator[str]:
-    app = web.Application()
-    app.router.add_post("/v1/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()

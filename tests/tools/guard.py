@@ -11,7 +11,7 @@ import re
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,8 +232,17 @@ async def sse_server() -> AsyncIterator[str]:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    async with served(completions) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def served(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """An engine on a free loopback port whose POST /v1/completions is ``handler``."""
     app = web.Application()
-    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/completions", handler)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
