@@ -13,7 +13,8 @@ nothing: there the latency column is the time to the first event instead. The gu
 product itself (``engine-watchdog guard``, its detector included) in its own process; its CPU
 per event is its CPU time over the events it passed, its RSS per 1,000 streams the growth of
 its RSS with the streams open, from the idle guard. ``--aiohttp`` also measures the guard
-with its fast path off (``--no-guard-fast-path``), ``--naive`` a 30-line aiohttp pass-through,
+with its fast path off (``--no-guard-fast-path``), ``--asyncio`` the guard on asyncio's loop
+instead of uvloop (``--guard-loop asyncio``), ``--naive`` a 30-line aiohttp pass-through,
 ``--floor`` the byte relays that do only what every proxy must (benchmarks/relays.py);
 ``--rate`` takes one rate, or one per load (a simulator of its own for each rate).
 """
@@ -142,9 +143,13 @@ async def run_phase(
     return phase
 
 
-PROXIES = {"guard": (), "guard-aiohttp": ("--no-guard-fast-path",)}
-"""The guard's options, its fast path on or off; also measured: the naive pass-through and
-the floor relays (benchmarks/relays.py)."""
+PROXIES = {
+    "guard": (),
+    "guard-asyncio": ("--guard-loop", "asyncio"),
+    "guard-aiohttp": ("--no-guard-fast-path",),
+}
+"""The guard's options: as installed, on asyncio's loop, its fast path off; also measured: the
+naive pass-through and the floor relays (benchmarks/relays.py)."""
 
 
 @contextlib.asynccontextmanager
@@ -254,7 +259,8 @@ async def main_async(args: argparse.Namespace) -> None:
     raise_open_files_limit()  # 1,024 streams: more sockets than the usual soft limit
     loads = [int(n) for n in args.streams.split(",")]
     MAX_TOKENS[0] = args.max_tokens
-    names = ["guard", *(["guard-aiohttp"] if args.aiohttp else []), *(["naive"] * args.naive)]
+    names = ["guard", *(["guard-asyncio"] * args.asyncio), *(["guard-aiohttp"] * args.aiohttp)]
+    names += ["naive"] * args.naive
     names += list(relays.NAMES) if args.floor else []
     if args.vllm:
         await asyncio.to_thread(bench_vllm, args, loads, names)
@@ -302,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--naive", action="store_true", help="also the naive pass-through")
     parser.add_argument("--aiohttp", action="store_true", help="also the guard's aiohttp path")
+    parser.add_argument("--asyncio", action="store_true", help="also the guard on asyncio's loop")
     parser.add_argument("--floor", action="store_true", help="also the byte relays (C, asyncio)")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS[0])
     parser.add_argument("--vllm", action="store_true", help="start the e2e tests' CPU vLLM")

@@ -37,6 +37,7 @@ from engine_watchdog.cli.options import (
 from engine_watchdog.cli.targets import TARGETS
 from engine_watchdog.core.redact import redact_argv
 from engine_watchdog.core.settings import CannotWriteError, SettingsError, validate
+from engine_watchdog.runtime.loop import run as run_loop
 
 EXIT_INTERRUPTED = 130
 
@@ -80,7 +81,7 @@ def watch(**kw: Any) -> None:
         raise SettingsError("--record takes one engine; record each engine separately")
     if base.guard.listen and len(urls) > 1:
         raise SettingsError("--guard-listen takes one engine; run one guard per engine")
-    sys.exit(asyncio.run(run_watch(for_each(base, urls))))
+    sys.exit(run_loop(run_watch(for_each(base, urls)), base.guard))
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -105,7 +106,7 @@ def run(url: str, command: tuple[str, ...], **kw: Any) -> None:
     from engine_watchdog.runtime.runner import run_watch
 
     settings = validate(watch_settings(kw, url))
-    sys.exit(asyncio.run(run_watch(settings, command=list(command))))
+    sys.exit(run_loop(run_watch(settings, command=list(command)), settings.guard))
 
 
 @cli.command()
@@ -134,7 +135,7 @@ def guard(url: str, **kw: Any) -> None:
     settings = validate(watch_settings(kw, url))
     if not settings.guard.listen:
         raise SettingsError("guard needs --guard-listen host:port")
-    sys.exit(asyncio.run(run_watch(settings)))
+    sys.exit(run_loop(run_watch(settings), settings.guard))
 
 
 @cli.command()

@@ -17,6 +17,7 @@ import click
 
 from engine_watchdog.cli.option_group import One, Opt, OptionGroup, all_consumed
 from engine_watchdog.core.settings import (
+    EVENT_LOOPS,
     REQUEST_ACTIONS,
     CaptureSettings,
     DetectorSettings,
@@ -211,6 +212,12 @@ GUARD = OptionGroup(
         "fast_path",
         "Pass streams from the engine connection's callback (the default); --no-guard-fast-"
         "path: through aiohttp's client and server streams, as every other request.",
+    ),
+    Opt(
+        "--guard-loop",
+        "event_loop",
+        "The event loop while the guard runs; auto: uvloop when installed.",
+        click.Choice(EVENT_LOOPS),
     ),
 )
 RECOVERY = OptionGroup(

@@ -183,6 +183,7 @@ class ReportSettings:
 
 
 REQUEST_ACTIONS = ("abort", "report")
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,10 @@ class GuardSettings:
     fast_path: bool = True
     """Pass streams from the engine connection's callback (guard/fast.py) rather than through
     aiohttp's client and server streams (docs/guard.md, "The fast path")."""
+    event_loop: str = "auto"
+    """The process's event loop while the guard runs: uvloop, asyncio (the standard library's),
+    or auto (uvloop when it is installed). uvloop costs the guard less CPU per streamed event
+    (docs/performance.md); without a guard the process runs asyncio's loop."""
 
 
 @dataclass(frozen=True)
@@ -310,6 +315,8 @@ def fold_thresholds(d: DetectorSettings) -> DetectorSettings:
 def validate_guard(g: GuardSettings) -> None:
     if g.listen is not None:
         parse_listen(g.listen, "--guard-listen")
+    if g.event_loop not in EVENT_LOOPS:
+        raise SettingsError(f"--guard-loop {g.event_loop!r}: choose from {', '.join(EVENT_LOOPS)}")
     if g.request_action not in REQUEST_ACTIONS:
         raise SettingsError(
             f"--request-action {g.request_action!r}: choose from {', '.join(REQUEST_ACTIONS)}"

@@ -97,7 +97,9 @@ class Guard:
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
-        log.info("guard on http://%s:%d in front of %s", host, self.port, self.upstream)
+        loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop or asyncio
+        log.info("guard on http://%s:%d in front of %s (event loop: %s)", host, self.port,
+                 self.upstream, loop)  # fmt: skip
 
     async def stop(self) -> None:
         if self._runner is not None:

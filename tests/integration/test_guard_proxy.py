@@ -147,10 +147,42 @@ async def test_a_slow_reader_holds_its_own_stream_and_is_never_stuck(tmp_path: P
 
 
 @pytest.mark.parametrize(
+    ("args", "loop"), [((), "uvloop"), (("--guard-loop", "asyncio"), "asyncio")]
+)
+async def test_the_guard_runs_on_uvloop_unless_told_otherwise(
+    args: tuple[str, ...], loop: str
+) -> None:
+    """The installed guard's event loop is uvloop (docs/performance.md: its CPU per event);
+    --guard-loop asyncio keeps the standard one. Its start-up line says which, and a stream
+    passes whole on either."""
+    async with sse_server() as upstream:
+        guard = await start_guard("guard", upstream, *args, log=True)
+        try:
+            assert guard.proc.stderr is not None
+            started = await asyncio.wait_for(read_until(guard.proc.stderr, b"guard on "), 10)
+            async with aiohttp.ClientSession() as s:
+                body = {"events": 20, "size": 50, "interval": 0.01, "stream": True}
+                got = await stream(s, guard.guard_url, body, "loop-1")
+        finally:
+            await stop_guard(guard)
+    assert started.endswith(f"(event loop: {loop})".encode())
+    assert got.done and got.error is None and len(got.events) == 21
+
+
+async def read_until(stream: asyncio.StreamReader, text: bytes) -> bytes:
+    """The first line of ``stream`` that holds ``text`` (stripped)."""
+    while line := await stream.readline():
+        if text in line:
+            return line.strip()
+    raise AssertionError(f"no line with {text!r}")
+
+
+@pytest.mark.parametrize(
     ("args", "says"),
     [
         (("--guard-listen", "nonsense"), "--guard-listen 'nonsense': give host:port"),
         (("--request-action", "kill"), "Invalid value for '--request-action'"),
+        (("--guard-loop", "libuv"), "Invalid value for '--guard-loop'"),
         (("--guard-listen", "127.0.0.1:{taken}"), "give a free host:port"),
     ],
 )

@@ -66,18 +66,20 @@ class GuardProcess:
 
 
 async def start_guard(
-    command: str, url: str, *args: str, tail: tuple[str, ...] = ()
+    command: str, url: str, *args: str, tail: tuple[str, ...] = (), log: bool = False
 ) -> GuardProcess:
     """``engine-watchdog guard URL`` (or ``run URL ... -- tail``) with a guard port and a
-    watchdog port of its own, JSON transitions on stdout, in its own process group."""
+    watchdog port of its own, JSON transitions on stdout, in its own process group (``log``:
+    its log on ``proc.stderr``, else inherited)."""
     listen = f"127.0.0.1:{free_port()}"
     guard = f"127.0.0.1:{free_port()}"
     argv = [command, url, "--json", "--listen", listen, "--guard-listen", guard, "--no-gpu", *args]
     if tail:
         argv += ["--", *tail]
     proc = await asyncio.create_subprocess_exec(
-        str(CONSOLE_SCRIPT), *argv, stdout=asyncio.subprocess.PIPE, start_new_session=True
-    )
+        str(CONSOLE_SCRIPT), *argv, stdout=asyncio.subprocess.PIPE, start_new_session=True,
+        stderr=asyncio.subprocess.PIPE if log else None,
+    )  # fmt: skip
     started = GuardProcess(proc, f"http://{listen}", f"http://{guard}")
     started.reader = asyncio.create_task(started.read_lines())
     try:

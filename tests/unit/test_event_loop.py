@@ -1,0 +1,53 @@
+"""Which event loop the process runs (engine_watchdog/runtime/loop.py): uvloop while the guard
+runs, unless told otherwise or not installed; asyncio's without a guard."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import pytest
+
+from engine_watchdog.core.settings import GuardSettings, SettingsError, validate_guard
+from engine_watchdog.runtime.loop import loop_of, run
+
+GUARD = "127.0.0.1:8001"
+
+
+@pytest.mark.parametrize(
+    ("listen", "asked", "runs"),
+    [
+        (None, "auto", "asyncio"),
+        (None, "uvloop", "asyncio"),
+        (GUARD, "auto", "uvloop"),
+        (GUARD, "uvloop", "uvloop"),
+        (GUARD, "asyncio", "asyncio"),
+    ],
+)
+def test_the_loop_is_uvloop_only_while_the_guard_runs(
+    listen: str | None, asked: str, runs: str
+) -> None:
+    guard = GuardSettings(listen=listen, event_loop=asked)
+    assert loop_of(guard) == runs
+
+    async def kind() -> int:
+        return 1 if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else 0
+
+    assert run(kind(), guard) == (runs == "uvloop")
+
+
+def test_without_uvloop_auto_falls_back_and_an_explicit_ask_names_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a)
+    )
+    assert loop_of(GuardSettings(listen=GUARD)) == "asyncio"
+    with pytest.raises(SettingsError, match=r"pip install uvloop.*--guard-loop asyncio"):
+        loop_of(GuardSettings(listen=GUARD, event_loop="uvloop"))
+
+
+def test_an_unknown_loop_is_refused() -> None:
+    with pytest.raises(SettingsError, match="--guard-loop 'libuv': choose from auto, uvloop"):
+        validate_guard(GuardSettings(event_loop="libuv"))
