@@ -33,7 +33,12 @@ def loop_of(guard: GuardSettings) -> str:
 
 def run(main: Coroutine[Any, Any, int], guard: GuardSettings) -> int:
     """Run ``main`` to its end on the loop :func:`loop_of` picks; its exit code."""
-    if loop_of(guard) == "asyncio":
+    try:
+        kind = loop_of(guard)
+    except SettingsError:
+        main.close()  # never started: no "never awaited" warning after the one-line error
+        raise
+    if kind == "asyncio":
         return asyncio.run(main)
     import uvloop
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import socket
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 from engine_watchdog.core.settings import GuardSettings
 from engine_watchdog.guard.proxy import Guard
-from engine_watchdog.sim.launcher import SimProcess
+from engine_watchdog.sim.launcher import SimProcess, free_port
 from tests.tools.cli import run_cli
 from tests.tools.guard import (
     completion,
@@ -167,6 +168,18 @@ async def test_the_guard_runs_on_uvloop_unless_told_otherwise(
             await stop_guard(guard)
     assert started.endswith(f"(event loop: {loop})".encode())
     assert got.done and got.error is None and len(got.events) == 21
+
+
+async def test_uvloop_asked_for_and_missing_is_one_line_and_exit_64(tmp_path: Path) -> None:
+    """--guard-loop uvloop where uvloop cannot be imported (a sitecustomize hides it, as if it
+    were not installed): one line naming both fixes, the usage exit code, nothing started."""
+    (tmp_path / "sitecustomize.py").write_text('import sys\nsys.modules["uvloop"] = None\n')
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    argv = ("--no-gpu", "--guard-loop", "uvloop", "--guard-listen", f"127.0.0.1:{free_port()}")
+    ran = await run_cli("guard", "http://127.0.0.1:1", *argv, timeout=30, env=env)
+    assert ran.code == 64, ran.err
+    assert len(ran.err.strip().splitlines()) == 1, ran.err
+    assert "pip install uvloop" in ran.err and "--guard-loop asyncio" in ran.err
 
 
 async def read_until(stream: asyncio.StreamReader, text: bytes) -> bytes:
