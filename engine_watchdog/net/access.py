@@ -8,6 +8,7 @@ file or the environment, never from the command line, where the process table wo
 
 from __future__ import annotations
 
+import base64
 import functools
 import os
 import ssl
@@ -29,6 +30,9 @@ class Access:
     tls: ssl.SSLContext | None = None
     """None: aiohttp's default verification against the system's CAs."""
     api_key: Secret | None = None
+    basic: Secret | None = None
+    """``user:password`` from the engine URL (net/connection.py), sent as Basic where the API
+    key is not."""
 
     @property
     def ssl_arg(self) -> ssl.SSLContext | bool:
@@ -36,10 +40,14 @@ class Access:
         return self.tls if self.tls is not None else True
 
     def headers(self, path: str) -> dict[str, str]:
-        """Headers for a request to ``path`` on the engine (the key only where it is guarded)."""
-        if self.api_key is None or not path.startswith(GUARDED_PREFIXES):
-            return {}
-        return {"Authorization": f"Bearer {self.api_key.reveal()}"}
+        """The watchdog's own Authorization for a request to ``path`` on the engine: the key
+        where vLLM guards the route, else the URL's Basic credentials, else none."""
+        if self.api_key is not None and path.startswith(GUARDED_PREFIXES):
+            return {"Authorization": f"Bearer {self.api_key.reveal()}"}
+        if self.basic is not None:
+            token = base64.b64encode(self.basic.reveal().encode("utf-8")).decode("ascii")
+            return {"Authorization": f"Basic {token}"}
+        return {}
 
 
 OPEN = Access()
