@@ -1,7 +1,8 @@
 """click commands ``capture`` and ``doctor`` (registered in the main group by cli/commands.py).
 
 Exit status: 0 done; 1 doctor found a missing piece; 64 bad input (one line naming the fix);
-73 the bundle could not be written (nothing partial was left).
+73 the bundle could not be written (nothing partial was left); 77 doctor: the engine is another
+user's process and this one may not ptrace it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from engine_watchdog.capture.doctor import render_json, render_text, run_doctor
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.capture.tools import tools_with
-from engine_watchdog.cli.errors import EXIT_CANTCREAT, CliError
+from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_NOPERM, CliError
 from engine_watchdog.cli.option_group import One, all_consumed
 from engine_watchdog.cli.options import CAPTURE, JSON, PY_SPY_OPT
 from engine_watchdog.core.model import ProcInfo
@@ -142,5 +143,7 @@ def doctor_command(url: str | None, pids: tuple[int, ...], **kw: Any) -> None:
         click.echo(render_json(report))
     else:
         click.echo(render_text(report), nl=False)
+    if report.other_user:
+        raise click.exceptions.Exit(EXIT_NOPERM)
     if not report.ok:
         raise click.exceptions.Exit(1)
