@@ -21,6 +21,7 @@ from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.capture.tools import tools_with
 from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_NOPERM, CliError
+from engine_watchdog.cli.numbers import Number
 from engine_watchdog.cli.option_group import One, all_consumed
 from engine_watchdog.cli.options import CAPTURE, JSON, PY_SPY_OPT
 from engine_watchdog.core.model import ProcInfo
@@ -87,7 +88,7 @@ def engine_options(func: Any) -> Any:
 @CAPTURE
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=1.0),
+    type=Number(at_least=1.0),
     default=20.0,
     show_default=True,
     help="Seconds each capture step may take.",
