@@ -1,6 +1,7 @@
 """Capture step ``cuda-coredump``: a user-triggered CUDA core dump of every CUDA engine process.
 
-DESTRUCTIVE (FACTS.md: the dumped process dies of SIGABRT), so it runs only when
+DESTRUCTIVE (seen on an H200: the dumped process dies of SIGABRT, docs/gpu-verification.md), so it
+runs only when
 ``ctx.destructive`` is set, i.e. as part of a restart. It works only where the engine was started
 with ``CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1`` (read from /proc/PID/environ): the driver then
 keeps a FIFO per CUDA process (``CUDA_COREDUMP_PIPE``, default ``corepipe.cuda.%h.%p``); one byte

@@ -1,6 +1,6 @@
 """Ending a stuck engine so that its supervisor starts it again.
 
-vLLM has no in-place engine-core restart (FACTS.md): SIGKILL of the engine core makes the API
+vLLM has no in-place engine-core restart (vLLM #48966): SIGKILL of the engine core makes the API
 server exit, and whatever runs it (kubelet, systemd, our ``run`` mode) starts it again. Or the
 operator gives a ``--restart-command``.
 """
