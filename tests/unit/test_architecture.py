@@ -180,3 +180,46 @@ def test_docs_name_every_module() -> None:
     ]
     assert unnamed == [], "name these in docs/architecture.md"
     assert "hangs/" in doc
+
+
+SHELLS = {"create_subprocess_shell", "getoutput", "getstatusoutput"}
+OS_SHELLS = {"system", "popen"}
+UNBOUNDED_BY_DESIGN = {
+    "recovery.supervise.start": "run mode's engine: it lives as long as the watchdog, which "
+    "ends it (its own process group, a death signal), and the detector bounds its hangs",
+}
+BLOCKING_RUNS = {"run", "check_output", "check_call", "call"}
+
+
+def test_no_shell_and_every_subprocess_is_bounded() -> None:
+    """The doc's rule "subprocesses through create_subprocess_exec with timeouts, no
+    shell=True", checked: no shell anywhere; a blocking subprocess call has a timeout, and a
+    function that starts one with create_subprocess_exec or Popen bounds it (wait_for, a
+    timeout, or a deadline it passes on)."""
+    bad = []
+    for module, tree in ALL.items():
+        if layer(module) == "sim":  # the simulator stands apart; its children are its fakes
+            continue
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            text = ast.unparse(fn)
+            for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+                name = getattr(call.func, "attr", getattr(call.func, "id", ""))
+                kw = {k.arg for k in call.keywords}
+                shell = any(
+                    k.arg == "shell" and getattr(k.value, "value", False) for k in call.keywords
+                )
+                owner = getattr(getattr(call.func, "value", None), "id", "")
+                if shell or name in SHELLS or (owner == "os" and name in OS_SHELLS):
+                    bad.append(f"{module}.{fn.name}: {name} with a shell")
+                if name in BLOCKING_RUNS and owner == "subprocess" and "timeout" not in kw:
+                    bad.append(f"{module}.{fn.name}: subprocess.{name} without a timeout")
+                where = f"{module}.{fn.name}"
+                if where in UNBOUNDED_BY_DESIGN:
+                    continue
+                if name in ("create_subprocess_exec", "Popen") and not any(
+                    w in text for w in ("wait_for", "timeout", "deadline")
+                ):
+                    bad.append(f"{module}.{fn.name}: {name} with no bound in sight")
+    assert bad == []
