@@ -42,8 +42,8 @@ from engine_watchdog.capture.procfs import (
     trigger_and_wait,
 )
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
-from engine_watchdog.capture.tools import copy_private, run_bounded, write_private
 from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.host.tools import copy_private, run_bounded, write_private
 
 NAME = "cuda-coredump"
 ENABLE_VAR = "CUDA_ENABLE_USER_TRIGGERED_COREDUMP"

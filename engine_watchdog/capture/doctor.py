@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine_watchdog.capture.pyspy import FIX_MISSING, FIX_PERMISSION, classify_error
-from engine_watchdog.capture.tools import resolve_tools, run_bounded
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.engines import VLLM, EngineProfile
+from engine_watchdog.host.tools import resolve_tools, run_bounded
 from engine_watchdog.probes.pidns import read_status_field
 from engine_watchdog.probes.procs import sample_procs
 from engine_watchdog.probes.proctable import ProcTable

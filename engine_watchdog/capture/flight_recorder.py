@@ -34,8 +34,8 @@ from engine_watchdog.capture.procfs import (
     trigger_and_wait,
 )
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
-from engine_watchdog.capture.tools import copy_private, write_private
 from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.host.tools import copy_private, write_private
 
 NAME = "flight-recorder"
 PIPE_VAR = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"

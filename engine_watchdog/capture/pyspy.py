@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
-from engine_watchdog.capture.tools import Completed, run_bounded, write_private
 from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.host.tools import Completed, run_bounded, write_private
 
 STEP_NAME = "py-spy"
 

@@ -19,7 +19,6 @@ from engine_watchdog.capture.bundle import BundleError, BundleResult, BundleSett
 from engine_watchdog.capture.doctor import render_json, render_text, run_doctor
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import capture_steps
-from engine_watchdog.capture.tools import tools_with
 from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_NOPERM, CliError
 from engine_watchdog.cli.numbers import Number
 from engine_watchdog.cli.option_group import One, all_consumed
@@ -27,6 +26,7 @@ from engine_watchdog.cli.options import CAPTURE, JSON, PY_SPY_OPT
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.redact import redact_url
 from engine_watchdog.engines import VLLM
+from engine_watchdog.host.tools import tools_with
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import FIX_NOT_FOUND, discover, sample_procs, url_port
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psutil
 
-from engine_watchdog.capture.tools import make_private_dirs
 from engine_watchdog.core.model import Outcome, ProcInfo, Result
+from engine_watchdog.host.tools import make_private_dirs
 
 log = logging.getLogger(__name__)
 KILL_WAIT_S = 10.0

@@ -14,7 +14,18 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "engine_watchdog"
 NAME = "engine_watchdog"
 
-LAYERS = ("core", "engines", "net", "probes", "hangs", "capture", "recovery", "report", "guard")
+LAYERS = (
+    "core",
+    "host",
+    "engines",
+    "net",
+    "probes",
+    "hangs",
+    "capture",
+    "recovery",
+    "report",
+    "guard",
+)
 """Bottom up: a layer imports only from the layers below it, and from itself."""
 ABOVE = ("runtime", "cli")
 """The runtime may import every layer, the face (cli) everything."""
@@ -222,4 +233,17 @@ def test_no_shell_and_every_subprocess_is_bounded() -> None:
                     w in text for w in ("wait_for", "timeout", "deadline")
                 ):
                     bad.append(f"{module}.{fn.name}: {name} with no bound in sight")
+    assert bad == []
+
+
+def test_recovery_imports_capture_only_in_actions() -> None:
+    """Recovery may use capture only where the ladder's capture rung runs (recovery/actions.py);
+    what both need of the host (tools, pdeathsig) lives below them, in host/."""
+    bad = [
+        f"{module} -> {dep}"
+        for module, deps in GRAPH.items()
+        if layer(module) == "recovery" and module != "recovery.actions"
+        for dep in deps
+        if layer(dep) == "capture"
+    ]
     assert bad == []
