@@ -100,7 +100,8 @@ class StoryReporter:
         self.story.say(f"watchdog: action {action}: {outcome.result} {outcome.detail}")
 
 
-# The engine's side of a user-triggered CUDA core dump (FACTS.md); the dump goes to /tmp.
+# The engine's side of a user-triggered CUDA core dump (CUDA_ENABLE_USER_TRIGGERED_COREDUMP,
+# CUDA_COREDUMP_PIPE); the dump goes to /tmp.
 CORE_DUMP_ENV = (
     "CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1",
     "CUDA_COREDUMP_PIPE=/tmp/cuda_pipe_%p",

@@ -19,6 +19,7 @@ import click
 
 from engine_watchdog import __version__
 from engine_watchdog.cli.errors import EXIT_SOFTWARE, EXIT_USAGE, CliError
+from engine_watchdog.cli.numbers import POSITIVE
 from engine_watchdog.cli.options import (
     CAPTURE,
     DETECTOR,
@@ -145,7 +146,7 @@ def guard(url: str, **kw: Any) -> None:
 @DETECTOR
 @click.option(
     "--timeout",
-    type=float,
+    type=POSITIVE,
     default=None,
     envvar="ENGINE_WATCHDOG_TIMEOUT",
     help="Observe at most this long [default: --stall-seconds + 10].",

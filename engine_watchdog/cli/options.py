@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from engine_watchdog.cli.numbers import POSITIVE, SECONDS
 from engine_watchdog.cli.option_group import One, Opt, OptionGroup, all_consumed
 from engine_watchdog.core.settings import (
     EVENT_LOOPS,
@@ -64,12 +65,15 @@ def _ca_file(path: Path) -> Path:
 
 PROBE = OptionGroup(
     ProbeSettings,
-    Opt("--interval", "interval_s", "Seconds between probe rounds.", float),
+    Opt("--interval", "interval_s", "Seconds between probe rounds.", POSITIVE),
     Opt(
-        "--scrape-timeout", "scrape_timeout_s", "Timeout of one /metrics or /health request.", float
+        "--scrape-timeout",
+        "scrape_timeout_s",
+        "Timeout of one /metrics or /health request.",
+        POSITIVE,
     ),
     Opt("--canary/--no-canary", "canary", "Send a 1-token request when in doubt."),
-    Opt("--canary-timeout", "canary_timeout_s", "A canary slower than this has failed.", float),
+    Opt("--canary-timeout", "canary_timeout_s", "A canary slower than this has failed.", POSITIVE),
     Opt("--gpu/--no-gpu", "gpu", "Sample GPUs through NVML."),
     Opt(
         "--pid",
@@ -106,50 +110,50 @@ DETECTOR = OptionGroup(
         "--stall-seconds",
         "stall_seconds",
         "No progress this long with work present: stalled.",
-        float,
+        POSITIVE,
     ),
     Opt(
         "--suspect-seconds",
         "suspect_seconds",
         "No progress this long with work present: suspect.",
-        float,
+        SECONDS,
     ),
     Opt(
         "--startup-grace",
         "startup_grace_seconds",
         "No stall verdict this long after the first scrape.",
-        float,
+        SECONDS,
     ),
     Opt(
         "--fast-stall-seconds",
         "fast_stall_seconds",
         "Stalled this soon with strong evidence (stopped process, GPU spin, canary).",
-        float,
+        SECONDS,
     ),
     Opt(
         "--canary-after",
         "canary_after_seconds",
         "Send a canary once progress has been flat this long with work present.",
-        float,
+        SECONDS,
     ),
     Opt(
         "--idle-canary-interval",
         "idle_canary_seconds",
         "Send a canary this often while the engine looks idle.",
-        float,
+        POSITIVE,
     ),
     Opt(
         "--wire-stall-seconds",
         "wire_stall_seconds",
         "With the guard: no event on the wire this long, streams open, the engine idle or "
         "stopped: stalled.",
-        float,
+        POSITIVE,
     ),
     Opt(
         "--request-stall-seconds",
         "request_stall_seconds",
         "With the guard: one stream silent this long (at least) while the others move: stuck.",
-        float,
+        POSITIVE,
     ),
 )
 POLICY = OptionGroup(
@@ -164,19 +168,26 @@ POLICY = OptionGroup(
         default=("capture",),
     ),
     Opt("--dry-run", "dry_run", "Log actions only."),
-    Opt("--abort-grace", "abort_grace_s", "Seconds for progress to resume after an abort.", float),
+    Opt(
+        "--abort-grace", "abort_grace_s", "Seconds for progress to resume after an abort.", SECONDS
+    ),
     Opt(
         "--max-restarts",
         "rate_limit.max_restarts",
         "At most this many restarts per --restart-window.",
         int,
     ),
-    Opt("--restart-window", "rate_limit.window_s", "Seconds the restart limit counts over.", float),
+    Opt(
+        "--restart-window",
+        "rate_limit.window_s",
+        "Seconds the restart limit counts over.",
+        POSITIVE,
+    ),
     Opt(
         "--restart-backoff",
         "rate_limit.backoff_s",
         "Wait this, doubling per restart in the window, between restarts.",
-        float,
+        SECONDS,
     ),
 )
 GUARD = OptionGroup(

@@ -185,7 +185,8 @@ class Detector:
         else:
             self._health_timeout_since = None
         if obs.status == 503 and self._first_good_t is not None and not self._restarting(obs.t):
-            # vLLM answers 503 only once the engine core is known dead (FACTS.md).
+            # vLLM answers 503 only once the engine core is known dead
+            # (vllm/entrypoints/openai/api_server.py health: EngineDeadError).
             self._dead = "/health answered 503"
             return self._reevaluate(obs.t, force=True)
         if obs.status == 200 and self._dead is not None:

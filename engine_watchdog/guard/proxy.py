@@ -6,7 +6,7 @@ Transparent: every method and path, status, reason, headers (less the hop-by-hop
 bodies as they are (``auto_decompress`` off: compressed bodies stay compressed); streams are
 written to the client chunk by chunk as they come, and a client that reads slowly stops the
 guard reading from the engine (back-pressure). A client that goes away closes its upstream
-connection, which vLLM takes as an abort (``@with_cancellation``, FACTS.md).
+connection, which vLLM takes as an abort (``@with_cancellation``, vllm/entrypoints/utils.py).
 
 Nothing on the path of the bytes waits on a judgement: the request judge reads snapshots
 (:meth:`Guard.snapshot`) between chunks, and the supervisor's decisions arrive as task

@@ -1,6 +1,6 @@
 """Abort in-flight requests through the engine's own endpoints, where it offers them.
 
-vLLM (FACTS.md, vllm/entrypoints/rl/online/api_router.py and scale_out/...):
+vLLM (vllm/entrypoints/rl/online/api_router.py and scale_out/...):
 - ``VLLM_SERVER_DEV_MODE=1``: ``POST /abort_requests {}`` aborts every in-flight request;
 - ``--enable-scale-out``: ``POST /inference/v1/abort_requests {"request_ids": [...]}`` needs the
   ids (we know our own canaries'); without the flag it answers 403.

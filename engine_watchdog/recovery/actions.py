@@ -20,10 +20,10 @@ from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bu
 from engine_watchdog.capture.cuda import ENABLE_VAR, core_dump_enabled
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
-from engine_watchdog.capture.tools import tools_with
 from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
 from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
 from engine_watchdog.engines.profile import EngineProfile
+from engine_watchdog.host.tools import tools_with
 from engine_watchdog.net.access import Access
 from engine_watchdog.net.http import get_json
 from engine_watchdog.recovery.abort import abort_requests

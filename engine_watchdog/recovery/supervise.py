@@ -22,11 +22,11 @@ from pathlib import Path
 
 import psutil
 
-from engine_watchdog.capture.pdeathsig import wrap
-from engine_watchdog.capture.tools import make_private_dirs
 from engine_watchdog.core.model import Action, Outcome, Result
 from engine_watchdog.core.redact import Masker, redact_argv, secret_values
 from engine_watchdog.core.settings import RateLimit
+from engine_watchdog.host.pdeathsig import wrap
+from engine_watchdog.host.tools import make_private_dirs
 from engine_watchdog.recovery.engine_log import EngineLog, copy_output
 from engine_watchdog.recovery.history import ActionHistory, ActionRecord
 from engine_watchdog.recovery.orphans import remove_stamp, write_stamp

@@ -61,7 +61,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/* Engine env: CUDA user-triggered core dumps and the NCCL flight recorder, into the dumps
-volume (FACTS.md; docs/kubernetes.md). */}}
+volume (CUDA's CUDA_COREDUMP_PIPE, see docs/kubernetes.md). */}}
 {{- define "engine-watchdog.engineEnv" -}}
 - name: CUDA_ENABLE_USER_TRIGGERED_COREDUMP
   value: "1"
