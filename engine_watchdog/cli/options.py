@@ -25,6 +25,7 @@ from engine_watchdog.core.settings import (
     GuardSettings,
     PolicySettings,
     ProbeSettings,
+    ProcessSettings,
     RecoverySettings,
     ReportSettings,
     WatchSettings,
@@ -32,6 +33,7 @@ from engine_watchdog.core.settings import (
     normalise_url,
     parse_actions,
     validate,
+    validate_process,
 )
 from engine_watchdog.net.access import load_api_key, tls_context
 
@@ -193,14 +195,6 @@ POLICY = OptionGroup(
 GUARD = OptionGroup(
     GuardSettings,
     Opt(
-        "--guard-listen",
-        "listen",
-        "host:port of the guard, the streaming proxy in front of the engine (clients connect "
-        "there); unset: no guard.",
-        str,
-        convert=lambda text: text or None,
-    ),
-    Opt(
         "--request-action",
         "request_action",
         "A stuck request: abort it (its client gets an error) or only report it.",
@@ -225,10 +219,24 @@ GUARD = OptionGroup(
         "path: through aiohttp's client and server streams, as every other request.",
     ),
     Opt(
-        "--guard-loop",
-        "event_loop",
-        "The event loop while the guard runs; auto: uvloop when installed.",
-        click.Choice(EVENT_LOOPS),
+        "--guard-drain-seconds",
+        "drain_s",
+        "On SIGTERM: let moving streams finish this long (new requests get 503), then end "
+        "the rest; keep it under the pod's grace period.",
+        float,
+    ),
+    Opt(
+        "--guard-head-timeout",
+        "head_timeout_s",
+        "Close a client connection that has not sent a whole request head this many seconds "
+        "after it opened (slowloris).",
+        float,
+    ),
+    Opt(
+        "--guard-max-idle-connections",
+        "max_idle_connections",
+        "At most this many idle client connections; past it the longest idle is closed.",
+        int,
     ),
 )
 RECOVERY = OptionGroup(
@@ -311,7 +319,8 @@ ENGINE = One(
     ),
     default="auto",
 )
-LISTEN = One(
+PROCESS = OptionGroup(
+    ProcessSettings,
     Opt(
         "--listen",
         "listen",
@@ -319,8 +328,22 @@ LISTEN = One(
         str,
         convert=lambda text: text or None,
     ),
-    default="127.0.0.1:9400",
+    Opt(
+        "--guard-listen",
+        "guard_listen",
+        "host:port of the guard, the streaming proxy in front of the engine (clients connect "
+        "there); unset: no guard.",
+        str,
+        convert=lambda text: text or None,
+    ),
+    Opt(
+        "--guard-loop",
+        "event_loop",
+        "The event loop while the guard runs; auto: uvloop when installed.",
+        click.Choice(EVENT_LOOPS),
+    ),
 )
+"""The process's own options: its sockets and its loop, whatever the number of engines."""
 JSON = One(Opt("--json", "as_json", "Print JSON (one document per line for watch and run)."), False)
 RECORD = One(
     Opt(
@@ -345,11 +368,16 @@ def watch_settings(kw: dict[str, Any], url: str = "") -> WatchSettings:
         report=REPORT.take(kw),
         guard=GUARD.take(kw),
     )
-    for one, name in ((LISTEN, "listen"), (JSON, "as_json"), (RECORD, "record")):
+    for one, name in ((JSON, "as_json"), (RECORD, "record")):
         if one.opt.dest in kw:
             settings = replace(settings, **{name: one.take(kw)})
     all_consumed(kw)
     return for_target(settings, url) if url else settings
+
+
+def process_settings(kw: dict[str, Any]) -> ProcessSettings:
+    """The process's settings from its options (taken off ``kw`` before :func:`watch_settings`)."""
+    return validate_process(PROCESS.take(kw))
 
 
 def _with_api_key(probe: ProbeSettings) -> ProbeSettings:

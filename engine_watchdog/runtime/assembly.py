@@ -120,12 +120,13 @@ async def assemble(
     out: Callable[[str], None],
     command: list[str] | None = None,
     echo_engine: bool = True,
+    guard_listen: str | None = None,
 ) -> Target:
     await asyncio.to_thread(check_pids, settings)
     watcher = Watcher(settings, session)
     target = Target(settings, watcher, [ConsoleReporter(settings.as_json, out)])
-    if settings.guard.listen:  # first: a taken port is said before anything else starts
-        target.guard = await _guard(settings, watcher, metrics)
+    if guard_listen:  # first: a taken port is said before anything else starts
+        target.guard = await _guard(settings, guard_listen, watcher, metrics)
     target.reporters.append(MetricsReporter(metrics, watcher))
     if settings.record:
         target.writer = TraceWriter(settings.record)
@@ -136,7 +137,8 @@ async def assemble(
     if command:
         target.child = await _start_child(settings, command, history, echo_engine)
         target.tasks[f"engine-exits:{settings.url}"] = target.child.watch_exits()
-    target.supervisor = _supervisor(settings, watcher, metrics, history, target.child)
+    target.supervisor = _supervisor(settings, watcher, metrics, history, target.child,
+                                    guarded=target.guard is not None)  # fmt: skip
     if target.supervisor:
         target.reporters.append(target.supervisor)
         if target.guard is not None:
@@ -154,16 +156,17 @@ async def assemble(
     return target
 
 
-async def _guard(settings: WatchSettings, watcher: Watcher, metrics: WatchdogMetrics) -> Guard:
+async def _guard(
+    settings: WatchSettings, listen: str, watcher: Watcher, metrics: WatchdogMetrics
+) -> Guard:
     """The guard in front of the engine, listening: the watcher's probe."""
-    assert settings.guard.listen is not None
     guard = Guard(settings.guard, settings.url)
     try:
-        await guard.start(*parse_listen(settings.guard.listen, "--guard-listen"))
+        await guard.start(*parse_listen(listen, "--guard-listen"))
     except OSError as exc:
         await guard.stop()
         raise SettingsError(
-            f"--guard-listen {settings.guard.listen}: {exc.strerror or exc}; give a free host:port"
+            f"--guard-listen {listen}: {exc.strerror or exc}; give a free host:port"
         ) from None
     watcher.wire = guard
     metrics.registry.register(
@@ -249,8 +252,9 @@ def _supervisor(
     metrics: WatchdogMetrics,
     history: ActionHistory,
     child: ChildEngine | None,
+    guarded: bool = False,
 ) -> Supervisor | None:
-    if not settings.policy.actions and not settings.guard.listen:
+    if not settings.policy.actions and not guarded:
         return None
     capture = settings.capture
     if capture.engine_log is None and child is not None:

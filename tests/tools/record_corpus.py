@@ -154,7 +154,6 @@ class Session:
             url=url,
             probe=replace(self.scenario.probe, **probe),
             detector=self.scenario.detector,
-            listen=None,
         )
         watcher = Watcher(settings, self.http)
         watcher.listeners.append(self._writer.write)
