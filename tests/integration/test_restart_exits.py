@@ -32,7 +32,7 @@ async def test_an_engine_that_exits_by_itself_is_restarted_by_the_supervisor(
                 interval=0.2,
                 what="the rate limit",
             )
-            await asyncio.sleep(3)  # noqa: ASYNC  (a window for a second, wrong, record)
+            await asyncio.sleep(3)  # a window for a second, wrong, record
             restarts = [r for r in history(tmp_path) if r["action"] == "restart"]
             ok = [r for r in restarts if r["result"] == "ok"]
             assert len(ok) == 3, restarts

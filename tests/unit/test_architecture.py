@@ -164,3 +164,18 @@ def test_the_rules_can_fail() -> None:
         "core.b": ast.parse("from engine_watchdog.core import a"),
     }
     assert ours(cyclic) == {"core.a": {"core.b"}, "core.b": {"core.a"}}
+
+
+def test_assembly_wires_nothing_by_attribute() -> None:
+    """Collaborators go to constructors: runtime/assembly.py never sets another object's
+    attribute (``watcher.wire = guard`` and the like) after building it."""
+    tree = ALL["runtime.assembly"]
+    found = [
+        f"line {node.lineno}: {ast.unparse(t)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Attribute)
+        and not (isinstance(t.value, ast.Name) and t.value.id == "self")
+    ]
+    assert not found, f"wired by attribute after construction: {found}"
