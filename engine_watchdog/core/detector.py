@@ -67,6 +67,10 @@ class Detector:
         """Odd things judged, each kind once (the watcher logs them); data, not logging."""
         self._noted: set[str] = set()
 
+    def judge_with(self, settings: DetectorSettings) -> None:
+        """Judge with these settings from the next observation on (the engine was named)."""
+        self.settings = settings
+
     @property
     def verdicts(self) -> dict[str, Verdict]:
         """The current verdict of every rank (or of the target before any rank is known)."""

@@ -247,3 +247,18 @@ def test_recovery_imports_capture_only_in_actions() -> None:
         if layer(dep) == "capture"
     ]
     assert bad == []
+
+
+def test_assembly_wires_nothing_by_attribute() -> None:
+    """Collaborators go to constructors: runtime/assembly.py never sets another object's
+    attribute (``watcher.wire = guard`` and the like) after building it."""
+    tree = ALL["runtime.assembly"]
+    found = [
+        f"line {node.lineno}: {ast.unparse(t)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Attribute)
+        and not (isinstance(t.value, ast.Name) and t.value.id == "self")
+    ]
+    assert not found, f"wired by attribute after construction: {found}"
