@@ -23,6 +23,7 @@ from engine_watchdog.core.model import Action, Outcome, Transition, Verdict
 from engine_watchdog.core.settings import SettingsError, WatchSettings, parse_listen
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.guard.stats import GuardCollector
+from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.probes.procs import url_port
 from engine_watchdog.recovery.actions import EngineActions
 from engine_watchdog.recovery.history import ActionHistory
@@ -92,6 +93,8 @@ class Target:
     """Everything that watches one engine."""
 
     settings: WatchSettings
+    connection: EngineConnection
+    """The one engine connection every part of this target talks to the engine through."""
     watcher: Watcher
     reporters: list[Reporter]
     supervisor: Supervisor | None = None
@@ -122,8 +125,9 @@ async def assemble(
     echo_engine: bool = True,
 ) -> Target:
     await asyncio.to_thread(check_pids, settings)
-    watcher = Watcher(settings, session)
-    target = Target(settings, watcher, [ConsoleReporter(settings.as_json, out)])
+    connection = connection_for(settings)  # once: watcher, probes, canary, abort take this one
+    watcher = Watcher(settings, session, connection=connection)
+    target = Target(settings, connection, watcher, [ConsoleReporter(settings.as_json, out)])
     if settings.guard.listen:  # first: a taken port is said before anything else starts
         target.guard = await _guard(settings, watcher, metrics)
     target.reporters.append(MetricsReporter(metrics, watcher))

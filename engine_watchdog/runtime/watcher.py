@@ -33,7 +33,7 @@ from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.engines import PROFILES, VLLM
 from engine_watchdog.engines.detect import detect_profile
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.net.access import access_for
+from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.probes.canary import Canary
 from engine_watchdog.probes.engine_procs import ProcsProbe
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
@@ -68,18 +68,18 @@ class Watcher:
         clock: Callable[[], float] = time.time,
         gpu: GpuProbe | None = None,
         records: bool = True,
+        connection: EngineConnection | None = None,
     ) -> None:
         """``records``: keep each round's records for the timeline (bundles) and the trace
-        writers; a one-shot ``check`` needs neither."""
+        writers; a one-shot ``check`` needs neither. ``connection``: the target's one engine
+        connection (runtime/assembly.py builds it); built from ``settings`` when not given."""
         self.records = records
         self.settings = settings
         self.target = settings.url
         """The engine as every report names it (credentials redacted)."""
-        self.base_url = settings.connect_url or settings.url
-        """Where the probes and the actions connect: the only holder of the URL's credentials."""
+        self.connection = connection or connection_for(settings)
+        """Where the probes and the actions connect, with which TLS trust and credential."""
         self.session = session
-        self.access = access_for(settings.probe)
-        """TLS trust and API key for this engine (recovery's requests use them too)."""
         self.clock = clock
         self.notices = Notices(self.target)
         # "auto": judged as vLLM until the first answer of /metrics names the engine.
@@ -102,12 +102,7 @@ class Watcher:
         self._fed_t = 0.0
         self.last_scrape: ScrapeObs | None = None
         self.canary = Canary(
-            session,
-            self.base_url,
-            self.profile,
-            settings.probe.canary_timeout_s,
-            clock,
-            self.access,
+            session, self.connection, self.profile, settings.probe.canary_timeout_s, clock
         )
         self._canary_task: asyncio.Task[CanaryObs] | None = None
         self.woken = asyncio.Event()
@@ -216,11 +211,11 @@ class Watcher:
         profile_path = self.profile.metrics_path
         raw = await scrape(
             self.session,
-            self.base_url + self.profile.metrics_path,
+            self.connection.url(self.profile.metrics_path),
             timeout_s=probe.scrape_timeout_s,
             max_bytes=probe.max_scrape_bytes,
             clock=self.clock,
-            access=self.access,
+            access=self.connection.access,
         )
         if self.detecting and raw.body is not None:
             detail = self._detect(raw.body, raw.status or 0)
@@ -274,9 +269,9 @@ class Watcher:
         return None
 
     async def _health(self) -> Observation:
-        url = self.base_url + self.profile.health_path
+        url, access = self.connection.url(self.profile.health_path), self.connection.access
         obs = await probe_health(
-            self.session, url, self.settings.probe.scrape_timeout_s, self.clock, self.access
+            self.session, url, self.settings.probe.scrape_timeout_s, self.clock, access
         )
         self._remember(encode(obs))
         return obs
@@ -302,7 +297,7 @@ class Watcher:
         # It may have ended while the last round's probes ran: judged now, after them, so that
         # time never runs backwards for the detector (nor in the trace).
         obs = replace(task.result(), t=max(task.result().t, self._fed_t))
-        self.notices.canary(obs, self.access.api_key is not None)
+        self.notices.canary(obs, self.connection.access.api_key is not None)
         self._remember(encode(obs))
         return [obs]
 
