@@ -145,6 +145,12 @@ DETECTOR = OptionGroup(
         POSITIVE,
     ),
     Opt(
+        "--stalled-canary-interval",
+        "stalled_canary_seconds",
+        "Send a canary this often while stalled, or idle after a failed canary (the way out).",
+        float,
+    ),
+    Opt(
         "--wire-stall-seconds",
         "wire_stall_seconds",
         "With the guard: no event on the wire this long, streams open, the engine idle or "

@@ -102,6 +102,10 @@ class DetectorSettings:
     """Ask for a canary once progress has been flat this long with work present."""
     idle_canary_seconds: float = 60.0
     """Ask for a canary this often while the engine looks idle (a wedged idle engine looks idle)."""
+    stalled_canary_seconds: float = 3.0
+    """Ask for a canary this often while the verdict is stalled (the guard refuses clients
+    then, so no client request can prove the engine back) or while the engine looks idle and
+    its last canary failed: the way out of a refusal is probed on a schedule."""
     restart_grace_seconds: float = 300.0
     """After the watchdog restarted the engine: how long it is "starting" (not dead) until it
     answers /metrics again. Past this the usual judgement resumes: engine-dead."""

@@ -23,6 +23,7 @@ from engine_watchdog.core.model import Action, Observation, Outcome
 from engine_watchdog.core.settings import SettingsError, WatchSettings, parse_listen
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.guard.stats import GuardCollector
+from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.probes.procs import url_port
 from engine_watchdog.recovery.actions import EngineActions
 from engine_watchdog.recovery.history import ActionHistory
@@ -50,6 +51,8 @@ class Target:
     """Everything that watches one engine."""
 
     settings: WatchSettings
+    connection: EngineConnection
+    """The one engine connection every part of this target talks to the engine through."""
     watcher: Watcher
     reporters: list[Reporter]
     supervisor: Supervisor | None = None
@@ -96,9 +99,11 @@ async def assemble(
     # First: a taken port is said before anything else starts.
     guard = await _guard(settings, guard_listen, metrics) if guard_listen else None
     writer = TraceWriter(settings.record) if settings.record else None
+    connection = connection_for(settings)  # once: watcher, probes, canary, abort take this one
     watcher = Watcher(
         settings,
         session,
+        connection=connection,
         wire=guard,
         stuck=bus.stuck,
         observed=bus.observed,
@@ -120,7 +125,7 @@ async def assemble(
     if supervisor:
         reporters.append(supervisor)
     reporters += pushers
-    return Target(settings, watcher, reporters, supervisor, child, writer, guard, tasks)
+    return Target(settings, connection, watcher, reporters, supervisor, child, writer, guard, tasks)
 
 
 def _pushers(

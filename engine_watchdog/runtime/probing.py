@@ -22,7 +22,7 @@ from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.engines import PROFILES, VLLM
 from engine_watchdog.engines.detect import detect_profile
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.net.access import access_for
+from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.probes.canary import Canary
 from engine_watchdog.probes.engine_procs import ProcsProbe
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
@@ -64,15 +64,15 @@ class Prober:
         notices: Notices,
         record: Record,
         named: Channel[EngineProfile],
+        connection: EngineConnection,
         gpu: GpuProbe | None = None,
         wire: WireSource | None = None,
     ) -> None:
         self.target = settings.url
-        self.base_url = settings.connect_url or settings.url
-        """Where the probes connect: the only holder of the URL's credentials."""
+        self.connection = connection
+        """Where the probes connect, with which TLS trust and credential (runtime/assembly.py)."""
         self.session, self.clock, self.notices = session, clock, notices
         self.record, self.named, self.wire = record, named, wire
-        self.access = access_for(settings.probe)
         # "auto": probed as vLLM until the first answer of /metrics names the engine.
         self.profile = PROFILES.get(settings.engine, VLLM)
         self.detecting = settings.engine == "auto"
@@ -80,9 +80,7 @@ class Prober:
         if not self.detecting:
             warn_blind_spots(settings, self.profile)
         probe = settings.probe
-        self.canary = Canary(
-            session, self.base_url, self.profile, probe.canary_timeout_s, clock, self.access
-        )
+        self.canary = Canary(session, connection, self.profile, probe.canary_timeout_s, clock)
         self.procs = ProcsProbe(
             None if probe.pids else self.target, probe.pids, self.profile, clock=clock
         )
@@ -144,11 +142,11 @@ class Prober:
         profile_path = self.profile.metrics_path
         raw = await scrape(
             self.session,
-            self.base_url + self.profile.metrics_path,
+            self.connection.url(self.profile.metrics_path),
             timeout_s=probe.scrape_timeout_s,
             max_bytes=probe.max_scrape_bytes,
             clock=self.clock,
-            access=self.access,
+            access=self.connection.access,
         )
         if self.detecting and raw.body is not None:
             detail = self._detect(raw.body, raw.status or 0)
@@ -184,9 +182,9 @@ class Prober:
         return None
 
     async def _health(self) -> Observation:
-        url = self.base_url + self.profile.health_path
+        url, access = self.connection.url(self.profile.health_path), self.connection.access
         obs = await probe_health(
-            self.session, url, self.settings.probe.scrape_timeout_s, self.clock, self.access
+            self.session, url, self.settings.probe.scrape_timeout_s, self.clock, access
         )
         self.record(encode(obs))
         return obs
@@ -212,7 +210,7 @@ class Prober:
         # It may have ended while the last round's probes ran: judged now, after them, so that
         # time never runs backwards for the detector (nor in the trace).
         obs = replace(task.result(), t=max(task.result().t, not_before))
-        self.notices.canary(obs, self.access.api_key is not None)
+        self.notices.canary(obs, self.connection.access.api_key is not None)
         self.record(encode(obs))
         return [obs]
 

@@ -20,7 +20,7 @@ import aiohttp
 from engine_watchdog.core.model import Observation, ProcInfo, ScrapeObs, Transition, Verdict
 from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.net.access import Access
+from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.probes.canary import Canary
 from engine_watchdog.probes.gpu import GpuProbe
 from engine_watchdog.probes.procs import sample_procs_async
@@ -52,6 +52,7 @@ class Watcher:
         stuck: Channel[RequestsStuck] | None = None,
         observed: Channel[Observation] | None = None,
         sinks: tuple[Callable[[dict[str, Any]], None], ...] = (),
+        connection: EngineConnection | None = None,
     ) -> None:
         """``records``: keep each round's records for the timeline (bundles) and the trace
         writers (``sinks``); a one-shot ``check`` needs neither. ``wire``: the guard in front of
@@ -69,7 +70,10 @@ class Watcher:
         record = self.rounds_records.hold if records else _drop
         notices = Notices(self.target)
         named: Channel[EngineProfile] = Channel("engine-named")
-        self.prober = Prober(settings, session, clock, notices, record, named, gpu, wire)
+        connection = connection or connection_for(settings)
+        self.prober = Prober(
+            settings, session, clock, notices, record, named, connection, gpu, wire
+        )
         known = None if self.prober.detecting else self.prober.profile
         self.judge = Judge(
             settings.detector,
@@ -120,14 +124,9 @@ class Watcher:
     # -- what the recovery actions may know of the engine (recovery.actions.EngineHandle) ---
 
     @property
-    def base_url(self) -> str:
-        """Where the probes and the actions connect: the only holder of the URL's credentials."""
-        return self.prober.base_url
-
-    @property
-    def access(self) -> Access:
-        """TLS trust and API key for this engine (recovery's requests use them too)."""
-        return self.prober.access
+    def connection(self) -> EngineConnection:
+        """Where the probes and the actions connect, with which TLS trust and credential."""
+        return self.prober.connection
 
     @property
     def profile(self) -> EngineProfile:

@@ -46,6 +46,7 @@ import aiohttp
 import pytest
 
 from engine_watchdog.engines import VLLM
+from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.probes.canary import Canary
 from engine_watchdog.recovery.abort import abort_requests
 from engine_watchdog.sim.launcher import free_port
@@ -201,14 +202,15 @@ async def test_abort_rung_ends_the_canary_it_names(supervised: Supervised) -> No
     sup = supervised
     pids = sup.engine_core_pids()
     async with aiohttp.ClientSession() as session:
-        canary = Canary(session, sup.base_url, VLLM, timeout_s=20.0)
+        conn = EngineConnection.of(sup.base_url)
+        canary = Canary(session, conn, VLLM, timeout_s=20.0)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:
             sent = asyncio.create_task(canary.send())
             await wait_until(lambda: sorted(canary.pending) or None, 5.0)
             await asyncio.sleep(1.0)  # the request reaches vLLM's API server
-            done = await abort_requests(session, sup.base_url, VLLM, sorted(canary.pending))
+            done = await abort_requests(session, conn, VLLM, sorted(canary.pending))
             finished = await asyncio.wait({sent}, timeout=5.0)
         finally:
             for pid in pids:
