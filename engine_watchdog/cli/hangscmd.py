@@ -45,6 +45,9 @@ def signatures_or_exit(path: Path | None) -> SignatureSet:
 
 MANIFEST = "manifest.json"
 """Every bundle has one (capture/bundle.py writes it last, then renames the directory in)."""
+EVIDENCE = (MANIFEST, "pyspy", "gpu.json")
+"""What marks a folder as a bundle's evidence: a bundle's manifest, or the parts the matcher
+reads (evidence gathered by hand, as tests/gpu/verify_gpu.py does, has no manifest)."""
 
 
 def _bundle_dir(bundle: Path) -> Path:
@@ -57,7 +60,7 @@ def _bundle_dir(bundle: Path) -> Path:
         is_dir = stat.S_ISDIR(os.lstat(bundle).st_mode)
     except OSError:
         return bundle
-    if is_dir and not (bundle / MANIFEST).is_file():
+    if is_dir and not any((bundle / part).exists() for part in EVIDENCE):
         raise CliError(_not_a_bundle(bundle), EXIT_DATAERR)
     return bundle
 
