@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from engine_watchdog.core.model import (
     Action,
@@ -27,12 +28,13 @@ from engine_watchdog.core.model import (
 )
 from engine_watchdog.core.settings import PolicySettings
 from engine_watchdog.guard.errors import MESSAGES, Ending
-from engine_watchdog.recovery.history import ActionHistory, ActionRecord
+from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.supervise import EngineExited
 from engine_watchdog.runtime.events import Channel, RequestsStuck
 from engine_watchdog.runtime.hands import Actions, GuardControl, refusal
+from engine_watchdog.runtime.ledger import ActionListener, Ledger
 
-__all__ = ["Actions", "GuardControl", "GuardOrders", "Supervisor", "refusal"]
+__all__ = ["ActionListener", "Actions", "GuardControl", "GuardOrders", "Supervisor", "refusal"]
 log = logging.getLogger("engine_watchdog.actions")
 ANSWER_WAIT_S = 0.5
 """How long the answer rung waits for the hold-back checks (the engine paused on purpose)."""
@@ -40,8 +42,6 @@ EXIT_RETRY_S = 5.0
 """How often a rate-limited restart after an exit asks the rate limit again."""
 STUCK_REQUESTS = "stuck-requests"
 """The cause of an incident made of several stuck requests (the engine serves the others)."""
-ActionListener = Callable[[str, Action, str, Outcome | None], None]
-"""(target, action, phase "start"|"end", outcome) -> None: metrics, alerts."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ class Supervisor:
         self.history = history
         self.listeners = listeners if listeners is not None else []
         self.clock = clock
+        self.ledger = Ledger(history, self.listeners, clock, policy.dry_run)
         self.monotonic = monotonic
         self.liveness_failed = False
         self.restart_limited = False
@@ -246,29 +247,8 @@ class Supervisor:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    async def _act(self, action: Action, job: object) -> Outcome:
-        for listener in self.listeners:
-            listener(self._target, action, "start", None)
-        if self.policy.dry_run:
-            close = getattr(job, "close", None)
-            if close:
-                close()  # the coroutine is never awaited: no action is taken
-            outcome = Outcome(Result.DRY_RUN, f"would {action}")
-        else:
-            assert asyncio.iscoroutine(job)
-            try:
-                outcome = await job
-            except Exception as exc:  # a bug in one action must not end the ladder unrecorded
-                log.error("action %s raised %r", action, exc)
-                outcome = Outcome(Result.FAILED, f"{type(exc).__name__}: {exc}")
-        log.warning("action %s: %s %s", action, outcome.result, outcome.detail)
-        # Never raises (a full disk): the record still counts in memory, the ladder goes on.
-        self.history.add(
-            ActionRecord(self.clock(), self._target, action, outcome.result, outcome.detail)
-        )
-        for listener in self.listeners:
-            listener(self._target, action, "end", outcome)
-        return outcome
+    async def _act(self, action: Action, job: Coroutine[Any, Any, Outcome]) -> Outcome:
+        return await self.ledger.run(self._target, action, job)
 
     async def _answer(self, verdict: Verdict) -> Outcome:
         assert self.guard is not None
