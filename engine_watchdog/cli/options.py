@@ -208,12 +208,6 @@ GUARD = OptionGroup(
         int,
     ),
     Opt(
-        "--guard-fast-path/--no-guard-fast-path",
-        "fast_path",
-        "Pass streams from the engine connection's callback (the default); --no-guard-fast-"
-        "path: through aiohttp's client and server streams, as every other request.",
-    ),
-    Opt(
         "--guard-loop",
         "event_loop",
         "The event loop while the guard runs; auto: uvloop when installed.",

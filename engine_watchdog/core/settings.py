@@ -200,9 +200,6 @@ class GuardSettings:
     connect_timeout_s: float = 10.0
     """Bound on connecting to the engine (nothing else of a request is bounded by time: the
     detector and the request judge decide when a silence is too long)."""
-    fast_path: bool = True
-    """Pass streams from the engine connection's callback (guard/fast.py) rather than through
-    aiohttp's client and server streams (docs/guard.md, "The fast path")."""
     event_loop: str = "auto"
     """The process's event loop while the guard runs: uvloop, asyncio (the standard library's),
     or auto (uvloop when it is installed). uvloop costs the guard less CPU per streamed event

@@ -23,6 +23,8 @@ from engine_watchdog.core.model import Action, Outcome, Transition, Verdict
 from engine_watchdog.core.settings import SettingsError, WatchSettings, parse_listen
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.guard.stats import GuardCollector
+from engine_watchdog.net.access import access_for
+from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.probes.procs import url_port
 from engine_watchdog.recovery.actions import EngineActions
 from engine_watchdog.recovery.history import ActionHistory
@@ -157,7 +159,10 @@ async def assemble(
 async def _guard(settings: WatchSettings, watcher: Watcher, metrics: WatchdogMetrics) -> Guard:
     """The guard in front of the engine, listening: the watcher's probe."""
     assert settings.guard.listen is not None
-    guard = Guard(settings.guard, settings.url)
+    # The real address and TLS trust, never the display URL; the guard gets no credential.
+    full_url = settings.connect_url or settings.url
+    connection = EngineConnection.of(full_url, access_for(settings.probe))
+    guard = Guard(settings.guard, connection.upstream())
     try:
         await guard.start(*parse_listen(settings.guard.listen, "--guard-listen"))
     except OSError as exc:

@@ -18,9 +18,15 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from engine_watchdog.net.connection import EngineConnection, Upstream
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from tests.tools.cli import CONSOLE_SCRIPT
 from tests.tools.watch import metric
+
+
+def upstream(url: str) -> Upstream:
+    """The guard's side of an engine URL, as the watchdog builds it (net/connection.py)."""
+    return EngineConnection.of(url).upstream()
 
 
 @dataclass
