@@ -136,7 +136,7 @@ async def test_a_slow_reader_holds_its_own_stream_and_is_never_stuck(tmp_path: P
         finally:
             await stop_guard(guard)
     assert raw.count(b"data: [DONE]") == 1 and b'"error"' not in raw
-    assert raw.count(b"data: x") == 400
+    assert raw.count(b'data: {"text":"x') == 400
     assert all(m.done and m.error is None for m in moving)
     assert metric(text, "engine_watchdog_guard_stuck_requests_total") == 0
     held = [

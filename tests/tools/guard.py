@@ -233,7 +233,7 @@ async def sse_server() -> AsyncIterator[str]:
         spec = await request.json()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        event = b"data: " + b"x" * int(spec["size"]) + b"\n\n"
+        event = b'data: {"text":"' + b"x" * int(spec["size"]) + b'"}\n\n'  # a token each
         for _ in range(int(spec["events"])):
             await resp.write(event)
             await asyncio.sleep(float(spec["interval"]))
