@@ -1,4 +1,6 @@
-"""What users have today, as rules over the same recorded observations (FACTS.md, "Peers").
+"""What users have today, as rules over the same recorded observations (their sources: SGLang's
+watchdog, TensorRT-LLM's HangDetector, PyTorch's NCCL watchdog, vLLM's multiproc executor timeout,
+modelsphere/hang-watcher).
 
 - **hang-watcher** (modelsphere/hang-watcher, a Go sidecar) with the defaults its README and
   ConfigMap give: poll /metrics every 15 s; progress = the sum of

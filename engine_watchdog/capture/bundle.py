@@ -33,10 +33,10 @@ from engine_watchdog.capture.step import (
     StepResult,
 )
 from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
-from engine_watchdog.capture.tools import resolve_tools, write_private
 from engine_watchdog.core.model import ProcInfo, Verdict
 from engine_watchdog.core.redact import Masker
 from engine_watchdog.core.settings import CaptureSettings
+from engine_watchdog.host.tools import resolve_tools, write_private
 
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 

@@ -1,6 +1,7 @@
 """Capture step ``cuda-coredump``: a user-triggered CUDA core dump of every CUDA engine process.
 
-DESTRUCTIVE (FACTS.md: the dumped process dies of SIGABRT), so it runs only when
+DESTRUCTIVE (seen on an H200: the dumped process dies of SIGABRT, docs/gpu-verification.md), so it
+runs only when
 ``ctx.destructive`` is set, i.e. as part of a restart. It works only where the engine was started
 with ``CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1`` (read from /proc/PID/environ): the driver then
 keeps a FIFO per CUDA process (``CUDA_COREDUMP_PIPE``, default ``corepipe.cuda.%h.%p``); one byte
@@ -41,8 +42,8 @@ from engine_watchdog.capture.procfs import (
     trigger_and_wait,
 )
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
-from engine_watchdog.capture.tools import copy_private, run_bounded, write_private
 from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.host.tools import copy_private, run_bounded, write_private
 
 NAME = "cuda-coredump"
 ENABLE_VAR = "CUDA_ENABLE_USER_TRIGGERED_COREDUMP"

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine_watchdog.capture.pyspy import FIX_MISSING, FIX_PERMISSION, classify_error
-from engine_watchdog.capture.tools import resolve_tools, run_bounded
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.engines import VLLM, EngineProfile
+from engine_watchdog.host.tools import resolve_tools, run_bounded
 from engine_watchdog.probes.pidns import read_status_field
 from engine_watchdog.probes.procs import sample_procs
 from engine_watchdog.probes.proctable import ProcTable
@@ -37,6 +37,13 @@ FIX_NVML = (
     "pip install nvidia-ml-py"
 )
 FIX_CUDA_GDB = "install the CUDA toolkit's cuda-gdb (only to summarise CUDA core dumps)"
+FIX_OTHER_USER = (
+    "run the watchdog as the engine's UID (Kubernetes: securityContext.runAsUser), or give it "
+    "CAP_SYS_PTRACE (securityContext.capabilities.add: [SYS_PTRACE]); kernel.yama.ptrace_scope "
+    "does not help across UIDs"
+)
+OTHER_USER = "other-user"
+"""``Check.code`` of a ptrace check refused because the engine is another user's."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class Check:
     status: CheckStatus
     detail: str
     fix: str = ""
+    code: str = ""
+    """Why it failed, where a caller acts on it (OTHER_USER: the CLI's exit code)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,11 @@ class DoctorReport:
         """Every required check passed (optional and skipped ones do not count)."""
         return all(c.status != "missing" for c in self.checks)
 
+    @property
+    def other_user(self) -> bool:
+        """The engine is another user's and we may not ptrace it."""
+        return any(c.code == OTHER_USER for c in self.checks)
+
 
 def has_cap(capeff_hex: str | None, cap: int) -> bool:
     return capeff_hex is not None and bool(int(capeff_hex, 16) >> cap & 1)
@@ -65,8 +79,11 @@ def has_cap(capeff_hex: str | None, cap: int) -> bool:
 def ptrace_check(
     scope: int | None, cap_ptrace: bool, uid: int, engine_uids: Sequence[int]
 ) -> Check:
-    """Can we ptrace the engine? ``scope`` None: no Yama (classic rules: same UID or the cap)."""
-    same_uid = all(u == uid for u in engine_uids)
+    """Can we ptrace the engine? ``scope`` None: no Yama (classic rules: same UID or the cap).
+
+    The kernel's rule (ptrace_may_access): another UID needs CAP_SYS_PTRACE whatever Yama says;
+    Yama only narrows what the same UID may do (1: descendants only, 2: the cap only)."""
+    others = sorted({u for u in engine_uids if u != uid})
     where = f"yama ptrace_scope {scope if scope is not None else 'absent'}, uid {uid}"
     if scope == 3:
         return Check(
@@ -77,11 +94,19 @@ def ptrace_check(
         )
     if cap_ptrace:
         return Check("ptrace", "ok", f"{where}, CAP_SYS_PTRACE held")
-    if scope in (None, 0) and same_uid:
+    if others:
+        owner = ", ".join(map(str, others))
+        return Check(
+            "ptrace",
+            "missing",
+            f"cannot read another user's process (the engine runs as uid {owner}, this is uid "
+            f"{uid}): run as that user or with CAP_SYS_PTRACE",
+            FIX_OTHER_USER,
+            OTHER_USER,
+        )
+    if scope in (None, 0):
         return Check("ptrace", "ok", f"{where}, same UID as the engine")
-    reason = {1: "scope 1 allows only descendants", 2: "scope 2 needs CAP_SYS_PTRACE"}.get(
-        scope or 0, f"engine runs as uid {sorted(set(engine_uids))}"
-    )
+    reason = "scope 1 allows only descendants" if scope == 1 else "scope 2 needs CAP_SYS_PTRACE"
     return Check("ptrace", "missing", f"{where}, no CAP_SYS_PTRACE: {reason}", FIX_PERMISSION)
 
 
@@ -104,28 +129,38 @@ def host_ptrace(procs: Sequence[ProcInfo], proc_root: Path) -> Check:
     return ptrace_check(scope, cap, os.geteuid(), _engine_uids(procs, proc_root))
 
 
-async def pyspy_checks(pyspy: str | None, procs: Sequence[ProcInfo]) -> list[Check]:
+async def pyspy_checks(
+    pyspy: str | None, procs: Sequence[ProcInfo], ptrace: Check | None = None
+) -> list[Check]:
     if not pyspy:
         return [Check("py-spy", "missing", "py-spy not found on PATH", FIX_MISSING)]
     checks = [Check("py-spy", "ok", pyspy)]
     target = next((p for p in procs if p.state not in ("gone", "zombie")), None)
     if target is None:
         return checks
+    if ptrace is not None and ptrace.code == OTHER_USER:
+        # The kernel refuses it for certain: a trial would only add a second, vaguer line.
+        checks.append(Check("py-spy trial", "skipped", "ptrace refused (see the ptrace line)"))
+        return checks
+    checks.append(await _pyspy_trial(pyspy, target))
+    return checks
+
+
+async def _pyspy_trial(pyspy: str, target: ProcInfo) -> Check:
     # Non-blocking: the trial must not pause the engine.
-    res = await run_bounded([pyspy, "dump", "--pid", str(target.pid), "--nonblocking"], 15.0)
+    argv = [pyspy, "dump", "--pid", str(target.pid), "--nonblocking"]
+    try:
+        res = await run_bounded(argv, 15.0)
+    except OSError as e:  # py-spy (or the wrapper that ties it to us) cannot be started
+        return Check("py-spy trial", "missing", f"cannot start {pyspy}: {e.strerror or e}")
     err = res.stderr.decode(errors="replace").strip().splitlines()
     if res.rc == 0:
         detail = f"dumped PID {target.pid} ({target.role}) in {res.elapsed_s:.2f} s"
-        checks.append(Check("py-spy trial", "ok", detail))
-    elif res.timed_out:
-        checks.append(Check("py-spy trial", "missing", f"PID {target.pid}: timed out", ""))
-    else:
-        status = classify_error("\n".join(err))
-        fix = FIX_PERMISSION if status == "permission-denied" else ""
-        checks.append(
-            Check("py-spy trial", "missing", f"PID {target.pid}: {err[0] if err else ''}", fix)
-        )
-    return checks
+        return Check("py-spy trial", "ok", detail)
+    if res.timed_out:
+        return Check("py-spy trial", "missing", f"PID {target.pid}: timed out", "")
+    fix = FIX_PERMISSION if classify_error("\n".join(err)) == "permission-denied" else ""
+    return Check("py-spy trial", "missing", f"PID {target.pid}: {err[0] if err else ''}", fix)
 
 
 def nvml_check(load: Callable[[], Any] = lambda: importlib.import_module("pynvml")) -> Check:
@@ -184,9 +219,10 @@ async def run_doctor(
         procs = obs.procs
     nvml = await asyncio.to_thread(nvml_check, *([nvml_load] if nvml_load else []))
     gdb = tools.get("cuda-gdb")
+    ptrace = host_ptrace(procs, proc_root)
     checks = [
-        host_ptrace(procs, proc_root),
-        *await pyspy_checks(tools.get("py-spy"), procs),
+        ptrace,
+        *await pyspy_checks(tools.get("py-spy"), procs, ptrace),
         nvml,
         Check("cuda-gdb", "ok", gdb)
         if gdb
@@ -203,7 +239,13 @@ def render_text(report: DoctorReport) -> str:
         lines.append(f"{marks[c.status]:<9}{c.name:<18}{c.detail}")
         if c.fix and c.status != "ok":
             lines.append(f"{'':<27}fix: {c.fix}")
-    lines.append("capture ready" if report.ok else "capture NOT ready: see MISSING above")
+    if report.other_user:
+        lines.append(
+            "capture NOT ready: cannot read another user's process: run as that user or with "
+            "CAP_SYS_PTRACE"
+        )
+    else:
+        lines.append("capture ready" if report.ok else "capture NOT ready: see MISSING above")
     return "\n".join(lines) + "\n"
 
 

@@ -18,9 +18,9 @@ import psutil
 
 from engine_watchdog import __version__
 from engine_watchdog.capture.procfs import environ_of
-from engine_watchdog.capture.tools import run_bounded
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.redact import Masker, redact_argv, redact_env, secret_values
+from engine_watchdog.host.tools import run_bounded
 
 
 def read_cmdline(pid: int, proc_root: Path) -> list[str]:

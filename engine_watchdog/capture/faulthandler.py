@@ -2,7 +2,8 @@
 
 A signal without a handler kills (SIGUSR1's default action is to terminate), so the signal is
 sent only to processes whose ``SigCgt`` mask in ``/proc/PID/status`` shows a handler for it.
-vLLM registers only SIGTERM and SIGINT (FACTS.md), so on a stock engine this step does nothing;
+vLLM registers only SIGTERM and SIGINT (vllm/entrypoints/launcher.py), so on a stock engine this
+step does nothing;
 it serves engines started with ``faulthandler.register(signal.SIGUSR1)``. The stacks go to the
 engine's stderr: name its log (``--engine-log``) to get them into the bundle. The step is not in
 the default set because a handler for the signal need not be faulthandler's.

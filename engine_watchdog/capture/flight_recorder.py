@@ -5,8 +5,10 @@ Where an engine process runs with ``TORCH_NCCL_TRACE_BUFFER_SIZE>0`` (newer PyTo
 ``<stem><rank>.pipe`` open; a write to it makes the rank dump its recent collectives to
 ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>`` (newer: ``TORCH_FR_DUMP_TEMP_FILE``; default
 ``/tmp/nccl_trace_rank_``). Non-destructive: the process carries on. The dump comes a few seconds
-after the write (FACTS.md: about 5 s on two H200s), so the step waits for it, bounded.
-It sees only torch.distributed collectives: vLLM's own all-reduce paths bypass it (FACTS.md).
+after the write (about 5 s on two H200s, docs/gpu-verification.md), so the step waits for it,
+bounded.
+It sees only torch.distributed collectives: vLLM's own all-reduce paths bypass it
+(vllm/distributed/device_communicators).
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from engine_watchdog.capture.procfs import (
     trigger_and_wait,
 )
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
-from engine_watchdog.capture.tools import copy_private, write_private
 from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.host.tools import copy_private, write_private
 
 NAME = "flight-recorder"
 PIPE_VAR = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
@@ -41,7 +43,7 @@ BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"  # PyTorch's default for the dump file prefix
 WAIT_S = 10.0
-"""Upper bound on the wait for the dumps (FACTS.md saw ~5 s), also bounded by ctx.timeout_s."""
+"""Upper bound on the wait for the dumps (~5 s seen on two H200s), also bounded by ctx.timeout_s."""
 POLL_S = 0.25
 STABLE_S = 0.5
 """A new dump whose size has not changed for this long is complete."""

@@ -17,8 +17,8 @@ from typing import Any
 
 from engine_watchdog import __version__
 from engine_watchdog.capture.step import StepResult
-from engine_watchdog.capture.tools import write_private
 from engine_watchdog.core.model import ProcInfo, Verdict
+from engine_watchdog.host.tools import write_private
 
 SCHEMA = "engine-watchdog/bundle"
 SCHEMA_VERSION = 1

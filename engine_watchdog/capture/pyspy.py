@@ -1,6 +1,6 @@
 """Capture step: Python and native stacks of every engine process, with py-spy, in parallel.
 
-Per process (FACTS.md, py-spy 0.4.3): ``dump --native`` first under a short timeout (a PyTorch
+Per process (py-spy 0.4.3; py-spy #872): ``dump --native`` first under a short timeout (a PyTorch
 process with ~160 threads can take many seconds native), then a plain dump; a stopped process
 (state T) gets ``--nonblocking`` (a blocking dump fails "Failed to suspend process", and
 ``--native`` cannot be combined with it). One ``--json`` dump per PID; the text file is rendered
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
-from engine_watchdog.capture.tools import Completed, run_bounded, write_private
 from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.host.tools import Completed, run_bounded, write_private
 
 STEP_NAME = "py-spy"
 

@@ -19,7 +19,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from engine_watchdog.capture.tools import make_private_dirs
+from engine_watchdog.host.tools import make_private_dirs
 
 TMP_PREFIX = ".tmp-"
 NEW_PREFIX = ".new-"

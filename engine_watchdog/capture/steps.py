@@ -1,5 +1,5 @@
 """Which capture steps a bundle runs: the non-destructive ones always, the CUDA core dump only
-as part of a restart (it kills the process: FACTS.md)."""
+as part of a restart (it kills the process: docs/gpu-verification.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """click commands ``capture`` and ``doctor`` (registered in the main group by cli/commands.py).
 
 Exit status: 0 done; 1 doctor found a missing piece; 64 bad input (one line naming the fix);
-73 the bundle could not be written (nothing partial was left).
+73 the bundle could not be written (nothing partial was left); 77 doctor: the engine is another
+user's process and this one may not ptrace it.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from engine_watchdog.capture.bundle import BundleError, BundleResult, BundleSett
 from engine_watchdog.capture.doctor import render_json, render_text, run_doctor
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import capture_steps
-from engine_watchdog.capture.tools import tools_with
-from engine_watchdog.cli.errors import EXIT_CANTCREAT, CliError
+from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_NOPERM, CliError
+from engine_watchdog.cli.numbers import Number
 from engine_watchdog.cli.option_group import One, all_consumed
 from engine_watchdog.cli.options import CAPTURE, JSON, PY_SPY_OPT
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.redact import redact_url
 from engine_watchdog.engines import VLLM
+from engine_watchdog.host.tools import tools_with
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import FIX_NOT_FOUND, discover, sample_procs, url_port
 
@@ -86,7 +88,7 @@ def engine_options(func: Any) -> Any:
 @CAPTURE
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=1.0),
+    type=Number(at_least=1.0),
     default=20.0,
     show_default=True,
     help="Seconds each capture step may take.",
@@ -142,5 +144,7 @@ def doctor_command(url: str | None, pids: tuple[int, ...], **kw: Any) -> None:
         click.echo(render_json(report))
     else:
         click.echo(render_text(report), nl=False)
+    if report.other_user:
+        raise click.exceptions.Exit(EXIT_NOPERM)
     if not report.ok:
         raise click.exceptions.Exit(1)

@@ -32,9 +32,9 @@ from engine_watchdog.core.model import Action, Outcome, Result, State, Transitio
 from engine_watchdog.core.settings import (
     CaptureSettings,
     DetectorSettings,
-    GuardSettings,
     PolicySettings,
     ProbeSettings,
+    ProcessSettings,
     WatchSettings,
     validate,
 )
@@ -100,7 +100,8 @@ class StoryReporter:
         self.story.say(f"watchdog: action {action}: {outcome.result} {outcome.detail}")
 
 
-# The engine's side of a user-triggered CUDA core dump (FACTS.md); the dump goes to /tmp.
+# The engine's side of a user-triggered CUDA core dump (CUDA_ENABLE_USER_TRIGGERED_COREDUMP,
+# CUDA_COREDUMP_PIPE); the dump goes to /tmp.
 CORE_DUMP_ENV = (
     "CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1",
     "CUDA_COREDUMP_PIPE=/tmp/cuda_pipe_%p",
@@ -115,20 +116,17 @@ def demo_settings(
     detector: DetectorSettings,
     capture: CaptureSettings,
     gpu: bool = False,
-    guard: str | None = None,
 ) -> WatchSettings:
     return validate(
         WatchSettings(
             url=url,
             probe=ProbeSettings(gpu=gpu),
             detector=detector,
-            listen=None,
             policy=PolicySettings(
                 actions=frozenset({Action.ANSWER, Action.CAPTURE, Action.ABORT, Action.RESTART}),
                 abort_grace_s=5.0,
             ),
             capture=capture,
-            guard=GuardSettings(listen=guard),
         )
     )
 
@@ -220,7 +218,7 @@ async def run_demo(detector: DetectorSettings, capture: CaptureSettings, gpu: bo
     # the same again.
     logging.getLogger("engine_watchdog.actions").setLevel(logging.ERROR)
     stop = asyncio.Event()
-    settings = demo_settings(url, detector, capture, gpu, guard)
+    settings = demo_settings(url, detector, capture, gpu)
     stall_seconds = settings.detector.stall_seconds
     story.say(f"starting a simulated vLLM on {url} under engine-watchdog run (supervise mode)")
     story.say(f"clients connect to the guard in front of it, http://{guard}")
@@ -228,6 +226,7 @@ async def run_demo(detector: DetectorSettings, capture: CaptureSettings, gpu: bo
     watchdog = asyncio.create_task(
         run_watch(
             settings,
+            ProcessSettings(listen=None, guard_listen=guard),
             stop,
             lambda _: None,
             [teller],

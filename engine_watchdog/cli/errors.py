@@ -9,6 +9,7 @@ EXIT_NOINPUT = 66  # EX_NOINPUT: an input file cannot be read
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a tool we ask (kubectl) failed or answered nonsense
 EXIT_SOFTWARE = 70  # EX_SOFTWARE: a bug (or a long-lived task that died)
 EXIT_CANTCREAT = 73  # EX_CANTCREAT: an output (a bundle, a trace) could not be written
+EXIT_NOPERM = 77  # EX_NOPERM: not allowed (doctor: the engine is another user's, no ptrace)
 
 
 class CliError(Exception):

@@ -1,17 +1,20 @@
 """``explain`` and ``report``: what a bundle on disk resembles, and the upstream issue for it.
 
-Exit status: 0 done; 64 bad input (not a bundle, a bad signature file: one line naming the fix);
-73 report.md could not be written.
+Exit status: 0 done; 64 bad input (no such directory, a bad signature file: one line naming the
+fix); 65 a directory that is no bundle (it has no manifest.json); 73 report.md could not be
+written.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import click
 
-from engine_watchdog.cli.errors import EXIT_CANTCREAT, CliError
+from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_DATAERR, CliError
 from engine_watchdog.hangs import (
     BundleNotFound,
     SignatureFileError,
@@ -40,10 +43,37 @@ def signatures_or_exit(path: Path | None) -> SignatureSet:
         raise CliError(f"--signatures {path}: cannot read it ({exc.strerror})") from None
 
 
+MANIFEST = "manifest.json"
+"""Every bundle has one (capture/bundle.py writes it last, then renames the directory in)."""
+EVIDENCE = (MANIFEST, "pyspy", "gpu.json")
+"""What marks a folder as a bundle's evidence: a bundle's manifest, or the parts the matcher
+reads (evidence gathered by hand, as tests/gpu/verify_gpu.py does, has no manifest)."""
+
+
 def _bundle_dir(bundle: Path) -> Path:
+    """``bundle`` if it is a bundle directory; a missing path is left to the reader (its error
+    names the path); a directory without a manifest is refused here, or every signature would
+    simply not match and the command would say "nothing matches" of a random folder."""
     if bundle.name.endswith(".tar.gz") and bundle.is_file():
         raise CliError(f"{bundle} is a .tar.gz bundle: unpack it first (tar xzf {bundle.name})")
+    try:
+        is_dir = stat.S_ISDIR(os.lstat(bundle).st_mode)
+    except OSError:
+        return bundle
+    if is_dir and not any((bundle / part).exists() for part in EVIDENCE):
+        raise CliError(_not_a_bundle(bundle), EXIT_DATAERR)
     return bundle
+
+
+def _not_a_bundle(folder: Path) -> str:
+    line = f"{folder} is not an incident bundle: a bundle directory has a {MANIFEST}"
+    try:
+        inside = sorted(p for p in folder.iterdir() if (p / MANIFEST).is_file())
+    except OSError:
+        inside = []
+    if inside:  # the incident directory itself, most likely
+        return f"{line}; this folder holds {len(inside)} bundle(s): give one, e.g. {inside[-1]}"
+    return f"{line} (give the path that capture printed, <incident-dir>/<UTC>-<engine>-<cause>)"
 
 
 @click.command("explain")

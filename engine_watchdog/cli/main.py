@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 import traceback
 from dataclasses import replace
@@ -19,19 +20,21 @@ import click
 
 from engine_watchdog import __version__
 from engine_watchdog.cli.errors import EXIT_SOFTWARE, EXIT_USAGE, CliError
+from engine_watchdog.cli.numbers import POSITIVE
 from engine_watchdog.cli.options import (
     CAPTURE,
     DETECTOR,
     ENGINE,
     GUARD,
     JSON,
-    LISTEN,
     POLICY,
     PROBE,
+    PROCESS,
     RECORD,
     RECOVERY,
     REPORT,
     for_each,
+    process_settings,
     watch_settings,
 )
 from engine_watchdog.cli.targets import TARGETS
@@ -59,7 +62,7 @@ def cli(verbose: bool) -> None:
 @ENGINE
 @PROBE
 @DETECTOR
-@LISTEN
+@PROCESS
 @JSON
 @RECORD
 @POLICY.options(action=("answer,capture",))
@@ -76,12 +79,13 @@ def watch(**kw: Any) -> None:
     from engine_watchdog.runtime.runner import run_watch
 
     urls = TARGETS.take(kw)
+    process = process_settings(kw)
     base = watch_settings(kw)
     if base.record and len(urls) > 1:
         raise SettingsError("--record takes one engine; record each engine separately")
-    if base.guard.listen and len(urls) > 1:
+    if process.guard_listen and len(urls) > 1:
         raise SettingsError("--guard-listen takes one engine; run one guard per engine")
-    sys.exit(run_loop(run_watch(for_each(base, urls)), base.guard))
+    sys.exit(run_loop(run_watch(for_each(base, urls), process), process))
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
@@ -89,7 +93,7 @@ def watch(**kw: Any) -> None:
 @ENGINE
 @PROBE
 @DETECTOR
-@LISTEN
+@PROCESS
 @JSON
 @RECORD
 @POLICY.options(action=("answer,capture,abort,restart",))
@@ -105,8 +109,9 @@ def run(url: str, command: tuple[str, ...], **kw: Any) -> None:
     """
     from engine_watchdog.runtime.runner import run_watch
 
+    process = process_settings(kw)
     settings = validate(watch_settings(kw, url))
-    sys.exit(run_loop(run_watch(settings, command=list(command)), settings.guard))
+    sys.exit(run_loop(run_watch(settings, process, command=list(command)), process))
 
 
 @cli.command()
@@ -114,14 +119,14 @@ def run(url: str, command: tuple[str, ...], **kw: Any) -> None:
 @ENGINE
 @PROBE
 @DETECTOR
-@LISTEN
+@PROCESS.options(guard_listen="127.0.0.1:8001")
 @JSON
 @RECORD
 @POLICY.options(action=("answer,capture",))
 @RECOVERY
 @CAPTURE
 @REPORT
-@GUARD.options(listen="127.0.0.1:8001")
+@GUARD
 def guard(url: str, **kw: Any) -> None:
     """Put the guard in front of an engine: clients connect to --guard-listen, every request
     passes through to URL; stuck streams are aborted and, when the engine stalls, every client
@@ -132,10 +137,11 @@ def guard(url: str, **kw: Any) -> None:
     """
     from engine_watchdog.runtime.runner import run_watch
 
+    process = process_settings(kw)
     settings = validate(watch_settings(kw, url))
-    if not settings.guard.listen:
+    if not process.guard_listen:
         raise SettingsError("guard needs --guard-listen host:port")
-    sys.exit(run_loop(run_watch(settings), settings.guard))
+    sys.exit(run_loop(run_watch(settings, process), process))
 
 
 @cli.command()
@@ -145,7 +151,7 @@ def guard(url: str, **kw: Any) -> None:
 @DETECTOR
 @click.option(
     "--timeout",
-    type=float,
+    type=POSITIVE,
     default=None,
     envvar="ENGINE_WATCHDOG_TIMEOUT",
     help="Observe at most this long [default: --stall-seconds + 10].",
@@ -203,10 +209,11 @@ def _own_title_without_secrets() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script: every error is one line on stderr and an exit code of its own."""
-    if argv is None:
-        _own_title_without_secrets()
-    _register_optional()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # see cli/__init__.py
     try:
+        if argv is None:
+            _own_title_without_secrets()
+        _register_optional()  # imports: a Ctrl-C may come here too
         code = cli.main(args=argv, prog_name="engine-watchdog", standalone_mode=False)
     except click.exceptions.Exit as exc:
         code = exc.exit_code

@@ -17,6 +17,8 @@ from typing import Any, Generic, TypeVar
 
 import click
 
+from engine_watchdog.cli.numbers import SECONDS
+
 F = TypeVar("F", bound=Callable[..., Any])
 S = TypeVar("S")
 
@@ -52,6 +54,8 @@ class Opt:
             attrs["multiple"] = True
         if isinstance(field_default, bool) and "/" not in self.flag:
             attrs["is_flag"] = True
+        elif self.type is float:  # click's FLOAT takes nan and inf: a number, finite, >= 0
+            attrs["type"] = SECONDS
         elif self.type is not None:
             attrs["type"] = self.type
         if with_default:

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from engine_watchdog.cli.numbers import POSITIVE, SECONDS
 from engine_watchdog.cli.option_group import One, Opt, OptionGroup, all_consumed
 from engine_watchdog.core.settings import (
     EVENT_LOOPS,
@@ -24,6 +25,7 @@ from engine_watchdog.core.settings import (
     GuardSettings,
     PolicySettings,
     ProbeSettings,
+    ProcessSettings,
     RecoverySettings,
     ReportSettings,
     WatchSettings,
@@ -31,6 +33,7 @@ from engine_watchdog.core.settings import (
     normalise_url,
     parse_actions,
     validate,
+    validate_process,
 )
 from engine_watchdog.net.access import load_api_key, tls_context
 
@@ -64,12 +67,15 @@ def _ca_file(path: Path) -> Path:
 
 PROBE = OptionGroup(
     ProbeSettings,
-    Opt("--interval", "interval_s", "Seconds between probe rounds.", float),
+    Opt("--interval", "interval_s", "Seconds between probe rounds.", POSITIVE),
     Opt(
-        "--scrape-timeout", "scrape_timeout_s", "Timeout of one /metrics or /health request.", float
+        "--scrape-timeout",
+        "scrape_timeout_s",
+        "Timeout of one /metrics or /health request.",
+        POSITIVE,
     ),
     Opt("--canary/--no-canary", "canary", "Send a 1-token request when in doubt."),
-    Opt("--canary-timeout", "canary_timeout_s", "A canary slower than this has failed.", float),
+    Opt("--canary-timeout", "canary_timeout_s", "A canary slower than this has failed.", POSITIVE),
     Opt("--gpu/--no-gpu", "gpu", "Sample GPUs through NVML."),
     Opt(
         "--pid",
@@ -106,36 +112,42 @@ DETECTOR = OptionGroup(
         "--stall-seconds",
         "stall_seconds",
         "No progress this long with work present: stalled.",
-        float,
+        POSITIVE,
     ),
     Opt(
         "--suspect-seconds",
         "suspect_seconds",
         "No progress this long with work present: suspect.",
-        float,
+        SECONDS,
     ),
     Opt(
         "--startup-grace",
         "startup_grace_seconds",
         "No stall verdict this long after the first scrape.",
-        float,
+        SECONDS,
     ),
     Opt(
         "--fast-stall-seconds",
         "fast_stall_seconds",
         "Stalled this soon with strong evidence (stopped process, GPU spin, canary).",
-        float,
+        SECONDS,
     ),
     Opt(
         "--canary-after",
         "canary_after_seconds",
         "Send a canary once progress has been flat this long with work present.",
-        float,
+        SECONDS,
     ),
     Opt(
         "--idle-canary-interval",
         "idle_canary_seconds",
         "Send a canary this often while the engine looks idle.",
+        POSITIVE,
+    ),
+    Opt(
+        "--stalled-canary-interval",
+        "stalled_canary_seconds",
+        "Send a canary this often while stalled, or idle after a failed canary (the way out).",
         float,
     ),
     Opt(
@@ -143,13 +155,13 @@ DETECTOR = OptionGroup(
         "wire_stall_seconds",
         "With the guard: no event on the wire this long, streams open, the engine idle or "
         "stopped: stalled.",
-        float,
+        POSITIVE,
     ),
     Opt(
         "--request-stall-seconds",
         "request_stall_seconds",
         "With the guard: one stream silent this long (at least) while the others move: stuck.",
-        float,
+        POSITIVE,
     ),
 )
 POLICY = OptionGroup(
@@ -164,31 +176,30 @@ POLICY = OptionGroup(
         default=("capture",),
     ),
     Opt("--dry-run", "dry_run", "Log actions only."),
-    Opt("--abort-grace", "abort_grace_s", "Seconds for progress to resume after an abort.", float),
+    Opt(
+        "--abort-grace", "abort_grace_s", "Seconds for progress to resume after an abort.", SECONDS
+    ),
     Opt(
         "--max-restarts",
         "rate_limit.max_restarts",
         "At most this many restarts per --restart-window.",
         int,
     ),
-    Opt("--restart-window", "rate_limit.window_s", "Seconds the restart limit counts over.", float),
+    Opt(
+        "--restart-window",
+        "rate_limit.window_s",
+        "Seconds the restart limit counts over.",
+        POSITIVE,
+    ),
     Opt(
         "--restart-backoff",
         "rate_limit.backoff_s",
         "Wait this, doubling per restart in the window, between restarts.",
-        float,
+        SECONDS,
     ),
 )
 GUARD = OptionGroup(
     GuardSettings,
-    Opt(
-        "--guard-listen",
-        "listen",
-        "host:port of the guard, the streaming proxy in front of the engine (clients connect "
-        "there); unset: no guard.",
-        str,
-        convert=lambda text: text or None,
-    ),
     Opt(
         "--request-action",
         "request_action",
@@ -208,10 +219,24 @@ GUARD = OptionGroup(
         int,
     ),
     Opt(
-        "--guard-loop",
-        "event_loop",
-        "The event loop while the guard runs; auto: uvloop when installed.",
-        click.Choice(EVENT_LOOPS),
+        "--guard-drain-seconds",
+        "drain_s",
+        "On SIGTERM: let moving streams finish this long (new requests get 503), then end "
+        "the rest; keep it under the pod's grace period.",
+        float,
+    ),
+    Opt(
+        "--guard-head-timeout",
+        "head_timeout_s",
+        "Close a client connection that has not sent a whole request head this many seconds "
+        "after it opened (slowloris).",
+        float,
+    ),
+    Opt(
+        "--guard-max-idle-connections",
+        "max_idle_connections",
+        "At most this many idle client connections; past it the longest idle is closed.",
+        int,
     ),
 )
 RECOVERY = OptionGroup(
@@ -294,7 +319,8 @@ ENGINE = One(
     ),
     default="auto",
 )
-LISTEN = One(
+PROCESS = OptionGroup(
+    ProcessSettings,
     Opt(
         "--listen",
         "listen",
@@ -302,8 +328,22 @@ LISTEN = One(
         str,
         convert=lambda text: text or None,
     ),
-    default="127.0.0.1:9400",
+    Opt(
+        "--guard-listen",
+        "guard_listen",
+        "host:port of the guard, the streaming proxy in front of the engine (clients connect "
+        "there); unset: no guard.",
+        str,
+        convert=lambda text: text or None,
+    ),
+    Opt(
+        "--guard-loop",
+        "event_loop",
+        "The event loop while the guard runs; auto: uvloop when installed.",
+        click.Choice(EVENT_LOOPS),
+    ),
 )
+"""The process's own options: its sockets and its loop, whatever the number of engines."""
 JSON = One(Opt("--json", "as_json", "Print JSON (one document per line for watch and run)."), False)
 RECORD = One(
     Opt(
@@ -328,11 +368,16 @@ def watch_settings(kw: dict[str, Any], url: str = "") -> WatchSettings:
         report=REPORT.take(kw),
         guard=GUARD.take(kw),
     )
-    for one, name in ((LISTEN, "listen"), (JSON, "as_json"), (RECORD, "record")):
+    for one, name in ((JSON, "as_json"), (RECORD, "record")):
         if one.opt.dest in kw:
             settings = replace(settings, **{name: one.take(kw)})
     all_consumed(kw)
     return for_target(settings, url) if url else settings
+
+
+def process_settings(kw: dict[str, Any]) -> ProcessSettings:
+    """The process's settings from its options (taken off ``kw`` before :func:`watch_settings`)."""
+    return validate_process(PROCESS.take(kw))
 
 
 def _with_api_key(probe: ProbeSettings) -> ProbeSettings:

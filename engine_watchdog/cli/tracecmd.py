@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_NOINPUT, CliError
+from engine_watchdog.cli.numbers import POSITIVE
 from engine_watchdog.cli.options import DETECTOR, ENGINE, JSON, PROBE
 from engine_watchdog.core.settings import fold_thresholds, validate
 from engine_watchdog.engines import PROFILES, VLLM
@@ -33,7 +34,9 @@ from engine_watchdog.engines import PROFILES, VLLM
     required=True,
     help="Trace file to append to (JSON Lines).",
 )
-@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds to record.")
+@click.option(
+    "--duration", type=POSITIVE, default=60.0, show_default=True, help="Seconds to record."
+)
 def record(url: str, output: Path, duration: float, **kw: Any) -> None:
     """Record observations of an engine into a replayable trace."""
     from engine_watchdog.cli.options import watch_settings

@@ -67,6 +67,10 @@ class Detector:
         """Odd things judged, each kind once (the watcher logs them); data, not logging."""
         self._noted: set[str] = set()
 
+    def judge_with(self, settings: DetectorSettings) -> None:
+        """Judge with these settings from the next observation on (the engine was named)."""
+        self.settings = settings
+
     @property
     def verdicts(self) -> dict[str, Verdict]:
         """The current verdict of every rank (or of the target before any rank is known)."""
@@ -98,11 +102,15 @@ class Detector:
         return found
 
     def canary_due(self, t: float) -> str | None:
-        """Why a canary request would help now ("flat" or "idle"), or None."""
+        """Why a canary request would help now ("stalled", "flat" or "idle"), or None."""
         if self._first_good_t is None or self._unreachable_since is not None:
+            return None
+        if self._restarting(t):
             return None
         tracks = [k for k in self._tracks.values() if k.last is not None]
         last_sent = self.signals.last_canary_sent()
+        if self._way_out_due(tracks, t, last_sent):
+            return "stalled"
         for k in tracks:
             if k.quiet_since is not None and k.verdict.state is not State.STALLED:
                 flat_long = t - k.quiet_since >= self.settings.canary_after_seconds
@@ -114,6 +122,21 @@ class Detector:
             last_sent is None or t - last_sent >= self.settings.idle_canary_seconds
         )
         return "idle" if all_idle and idle_due else None
+
+    def _way_out_due(self, tracks: list[Track], t: float, last_sent: float | None) -> bool:
+        """A stalled verdict (the guard refuses then, so no client proves the engine back), or
+        an idle engine whose last canary failed: a canary every stalled_canary_seconds, so the
+        verdict can leave as soon as the engine answers one."""
+        stalled = any(k.verdict.state is State.STALLED for k in tracks)
+        last = self.signals.canaries[-1] if self.signals.canaries else None
+        idle_failed = (
+            last is not None
+            and not last.ok
+            and last.is_evidence
+            and any(k.verdict.state is State.IDLE for k in tracks)
+        )
+        every = self.settings.stalled_canary_seconds
+        return (stalled or idle_failed) and (last_sent is None or t - last_sent >= every)
 
     # -- observations ----------------------------------------------------------------------
 
@@ -185,7 +208,8 @@ class Detector:
         else:
             self._health_timeout_since = None
         if obs.status == 503 and self._first_good_t is not None and not self._restarting(obs.t):
-            # vLLM answers 503 only once the engine core is known dead (FACTS.md).
+            # vLLM answers 503 only once the engine core is known dead
+            # (vllm/entrypoints/openai/api_server.py health: EngineDeadError).
             self._dead = "/health answered 503"
             return self._reevaluate(obs.t, force=True)
         if obs.status == 200 and self._dead is not None:

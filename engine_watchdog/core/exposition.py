@@ -1,7 +1,8 @@
 """Filtered parse of a Prometheus text exposition.
 
 A busy vLLM serves hundreds of KB of /metrics, almost all histogram buckets we never read.
-Parsing all of it with prometheus_client costs ~50 ms per 300 KB (FACTS.md); dropping every line
+Parsing all of it with prometheus_client costs ~50 ms per 300 KB (measured here on 324 KB);
+dropping every line
 whose series name we do not want, before looking at labels or values, costs a few ms.
 """
 

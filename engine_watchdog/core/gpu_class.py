@@ -9,14 +9,16 @@ from engine_watchdog.core.model import GpuInfo
 
 GpuClass = Literal["computing", "spinning", "idle", "unknown"]
 
-# Thresholds from FACTS.md, GPU section (seen on an H200, driver 580): a kernel spin-waiting for a
+# Thresholds from docs/gpu-verification.md (seen on an H200, driver 580): a kernel spin-waiting for
+# a
 # peer showed NVML utilization 100 % with GPM tensor 0.0 % and DRAM bandwidth 0.0 % (SM util 100 %
 # for a spin kernel, only 18 % for a stuck NCCL all-reduce, so SM util is not a criterion); a
 # host-side deadlock shows utilization 0 %; real decoding shows tensor activity or DRAM traffic.
 BUSY_UTIL_MIN_PCT = 90.0
 """NVML utilization at or above this, with no tensor and no DRAM activity: spinning."""
 IDLE_UTIL_MAX_PCT = 1.0
-"""NVML utilization at or below this (FACTS saw exactly 0; 1 tolerates a stray kernel): idle."""
+"""NVML utilization at or below this (the H200 runs saw exactly 0; 1 tolerates a stray kernel):
+idle."""
 TENSOR_ACTIVE_MIN_PCT = 1.0
 """GPM tensor activity above this is real work (the spin showed 0.0)."""
 DRAM_ACTIVE_MIN_PCT = 1.0

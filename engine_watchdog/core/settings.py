@@ -102,6 +102,10 @@ class DetectorSettings:
     """Ask for a canary once progress has been flat this long with work present."""
     idle_canary_seconds: float = 60.0
     """Ask for a canary this often while the engine looks idle (a wedged idle engine looks idle)."""
+    stalled_canary_seconds: float = 3.0
+    """Ask for a canary this often while the verdict is stalled (the guard refuses clients
+    then, so no client request can prove the engine back) or while the engine looks idle and
+    its last canary failed: the way out of a refusal is probed on a schedule."""
     restart_grace_seconds: float = 300.0
     """After the watchdog restarted the engine: how long it is "starting" (not dead) until it
     answers /metrics again. Past this the usual judgement resumes: engine-dead."""
@@ -188,8 +192,6 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 @dataclass(frozen=True)
 class GuardSettings:
-    listen: str | None = None
-    """host:port of the guard, the streaming proxy in front of the engine; None: no guard."""
     request_action: str = "abort"
     """What to do with a stuck request: abort (end it on both sides, the client gets an error)
     or report (log and count it only). --dry-run makes abort report."""
@@ -200,6 +202,28 @@ class GuardSettings:
     connect_timeout_s: float = 10.0
     """Bound on connecting to the engine (nothing else of a request is bounded by time: the
     detector and the request judge decide when a silence is too long)."""
+    drain_s: float = 20.0
+    """On SIGTERM: how long streams already moving may go on to their end while new requests
+    are refused (503); the rest are then ended with the error event. Keep it under the pod's
+    terminationGracePeriodSeconds (the chart adds a margin)."""
+    head_timeout_s: float = 30.0
+    """A client connection must deliver a whole request head this long after it opened (or
+    after its first byte past the previous answer); else it is closed (slowloris)."""
+    max_idle_connections: int = 4096
+    """At most this many client connections open with no request under way; past it the
+    longest idle one is closed."""
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """What belongs to the process, not to each watched engine: its listening sockets and its
+    event loop (one per process, whatever the number of targets)."""
+
+    listen: str | None = "127.0.0.1:9400"
+    """host:port for the watchdog's own /metrics, /livez, /readyz, /status; None: no server."""
+    guard_listen: str | None = None
+    """host:port of the guard, the streaming proxy in front of the (one) engine; None: no
+    guard."""
     event_loop: str = "auto"
     """The process's event loop while the guard runs: uvloop, asyncio (the standard library's),
     or auto (uvloop when it is installed). uvloop costs the guard less CPU per streamed event
@@ -230,8 +254,6 @@ class WatchSettings:
     """Where stalls and actions are announced beyond the watchdog's own metrics."""
     guard: GuardSettings = field(default_factory=GuardSettings)
     """The guard in front of the engine (off unless it has a listen address)."""
-    listen: str | None = "127.0.0.1:9400"
-    """host:port for the watchdog's own /metrics, /livez, /readyz, /status; None: no server."""
     as_json: bool = False
     """Print each transition as a JSON line instead of a readable line."""
     record: Path | None = None
@@ -292,8 +314,6 @@ def validate(settings: WatchSettings) -> WatchSettings:
         raise SettingsError("--canary-timeout must be > 0 seconds")
     if p.max_scrape_bytes < 1024:
         raise SettingsError("--max-scrape-bytes must be at least 1024")
-    if settings.listen is not None:
-        parse_listen(settings.listen)
     validate_guard(settings.guard)
     if d.request_stall_seconds <= 0 or d.wire_stall_seconds <= 0:
         raise SettingsError("--request-stall-seconds and --wire-stall-seconds must be > 0")
@@ -309,11 +329,17 @@ def fold_thresholds(d: DetectorSettings) -> DetectorSettings:
     )
 
 
+def validate_process(p: ProcessSettings) -> ProcessSettings:
+    if p.listen is not None:
+        parse_listen(p.listen)
+    if p.guard_listen is not None:
+        parse_listen(p.guard_listen, "--guard-listen")
+    if p.event_loop not in EVENT_LOOPS:
+        raise SettingsError(f"--guard-loop {p.event_loop!r}: choose from {', '.join(EVENT_LOOPS)}")
+    return p
+
+
 def validate_guard(g: GuardSettings) -> None:
-    if g.listen is not None:
-        parse_listen(g.listen, "--guard-listen")
-    if g.event_loop not in EVENT_LOOPS:
-        raise SettingsError(f"--guard-loop {g.event_loop!r}: choose from {', '.join(EVENT_LOOPS)}")
     if g.request_action not in REQUEST_ACTIONS:
         raise SettingsError(
             f"--request-action {g.request_action!r}: choose from {', '.join(REQUEST_ACTIONS)}"
@@ -322,3 +348,9 @@ def validate_guard(g: GuardSettings) -> None:
         raise SettingsError("--guard-max-body-bytes must be at least 1")
     if g.retry_after_s < 0:
         raise SettingsError("--guard-retry-after must be >= 0 seconds")
+    if not 0 <= g.drain_s <= 3600:
+        raise SettingsError("--guard-drain-seconds must be between 0 and 3600")
+    if not 0 < g.head_timeout_s <= 3600:
+        raise SettingsError("--guard-head-timeout must be > 0 and at most 3600 seconds")
+    if g.max_idle_connections < 1:
+        raise SettingsError("--guard-max-idle-connections must be at least 1")

@@ -1,6 +1,7 @@
 """vLLM (V1 engine, 0.1x-0.33) profile.
 
-Names from vllm/v1/metrics/loggers.py (PrometheusStatLogger) and FACTS.md, the MFU counter from
+Names from vllm/v1/metrics/loggers.py (PrometheusStatLogger) and vllm/v1/metrics/prometheus.py, the
+MFU counter from
 vllm/v1/metrics/perf.py (PerfMetricsProm); process titles from vllm's use of setproctitle
 (``VLLM::EngineCore``, ``VLLM::Worker``...).
 """

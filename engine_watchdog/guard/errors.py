@@ -24,6 +24,8 @@ class Ending(str, Enum):
     """The request judge found this stream stuck while the others move."""
     STALL = "answered-stall"
     """The engine is stalled: every request in flight is answered."""
+    SHUTDOWN = "ended-shutdown"
+    """The guard stopped (SIGTERM) and the drain budget ran out before the request ended."""
 
 
 MESSAGES = {

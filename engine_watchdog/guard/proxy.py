@@ -32,6 +32,7 @@ from engine_watchdog.core.model import GuardObs, QuietStream
 from engine_watchdog.core.settings import GuardSettings
 from engine_watchdog.core.wire import GAP_BOUNDS
 from engine_watchdog.guard import tokens
+from engine_watchdog.guard.conns import Connections
 from engine_watchdog.guard.errors import Ending, json_error, sse_error
 from engine_watchdog.guard.exchange import QUIET_S, Exchange, forwarded
 from engine_watchdog.guard.fast import NotListening, Relay, UpstreamError
@@ -62,6 +63,12 @@ class Guard:
         """The requests in flight, by the guard's own id."""
         self.refusal: str | None = None
         """While set, new requests are answered 503 with this message."""
+        self.stopping: str | None = None
+        """Set once the guard drains (guard/drain.py): the refusal that nothing lifts."""
+        self.conns = Connections(
+            settings.head_timeout_s, settings.max_idle_connections, self.stats.closed
+        )
+        self._server: asyncio.Server | None = None
         self.last_event_t: float | None = None
         self._serial = itertools.count()
         self._runner: web.AppRunner | None = None
@@ -73,14 +80,18 @@ class Guard:
 
     async def start(self, host: str, port: int) -> None:
         raise_open_files_limit()
-        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app = web.Application(
+            client_max_size=self.settings.max_body_bytes, middlewares=[self.conns.middleware]
+        )
         app.router.add_route("*", "/{tail:.*}", self.handle)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        # Drained before it stops (guard/drain.py): aiohttp's wait for handlers (60 s by
+        # default, and twice: once before cancelling them, once after) is only a backstop.
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_S
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, backlog=4096, reuse_address=True)
-        await site.start()
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
+        self._server = await self.conns.listen(self._runner, host, port)
+        sockets = self._server.sockets
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop or asyncio
         up = self.upstream
@@ -89,6 +100,8 @@ class Guard:
                  engine, loop)  # fmt: skip
 
     async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -96,6 +109,7 @@ class Guard:
 
     def refuse(self, message: str | None) -> None:
         """Answer new requests 503 with ``message`` (None: pass them again)."""
+        message = self.stopping or message  # draining: nothing admits again
         if message != self.refusal:
             log.warning("guard: %s", f"refusing new requests: {message}" if message else "passing")
         self.refusal = message
@@ -109,9 +123,15 @@ class Guard:
         ex = self.open.get(key)
         return ex is not None and self._end(ex, Ending.STUCK, message)
 
-    def end_all(self, message: str) -> int:
-        """End every request in flight (the engine is stalled); how many were ended."""
-        return sum(self._end(ex, Ending.STALL, message) for ex in list(self.open.values()))
+    def stop_admitting(self, message: str) -> None:
+        """From now on every new request gets 503 with ``message`` (the guard drains)."""
+        self.stopping = message
+        self.refuse(message)
+
+    def end_all(self, message: str, why: Ending = Ending.STALL) -> int:
+        """End every request in flight (the engine is stalled, or the guard stops); how many
+        were ended."""
+        return sum(self._end(ex, why, message) for ex in list(self.open.values()))
 
     def _end(self, ex: Exchange, why: Ending, message: str) -> bool:
         if ex.ending is not None or ex.pump is None or ex.pump.done():
@@ -254,6 +274,8 @@ class Guard:
         return ex.response
 
 
+SHUTDOWN_S = 2.0
+"""aiohttp's own bound on each of its two waits for handlers at cleanup."""
 OPEN_FILES_WANTED = 65536
 """Two sockets per stream (client and engine): the usual soft limit of 1024 would cap the guard
 near 500 streams, and a refused accept() leaves a client waiting."""

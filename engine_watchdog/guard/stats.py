@@ -15,6 +15,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from engine_watchdog.core.wire import GAP_BOUNDS
+from engine_watchdog.guard.conns import CLOSE_REASONS
 from engine_watchdog.guard.errors import Ending
 from engine_watchdog.report.metrics import PREFIX
 
@@ -27,6 +28,7 @@ OUTCOMES = (
     "too-large",
     Ending.STUCK.value,
     Ending.STALL.value,
+    Ending.SHUTDOWN.value,
 )
 """How a request through the guard ended: every one is counted under exactly one."""
 
@@ -63,6 +65,8 @@ class GuardStats:
         self.finished = 0
         self.stuck = 0
         """Requests the request judge named stuck (counted whether or not they were aborted)."""
+        self.closed = dict.fromkeys(CLOSE_REASONS, 0)
+        """Client connections the guard closed itself, by reason (guard/conns.py)."""
 
     def end(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
@@ -122,4 +126,12 @@ class GuardCollector(Collector):
         gaps = s.gaps.family(
             p + "inter_event_seconds", "Between consecutive SSE events of a stream.", t
         )
-        yield from (requests, events, stuck, aborted, flight, refusing, ttfe, gaps)
+        closed = CounterMetricFamily(
+            p + "connections_closed",
+            "Client connections the guard closed: no whole request head in time, or past "
+            "the cap on idle connections.",
+            labels=["target", "reason"],
+        )
+        for reason, n in s.closed.items():
+            closed.add_metric([t, reason], n)
+        yield from (requests, events, stuck, aborted, flight, refusing, ttfe, gaps, closed)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from engine_watchdog.core.redact import redact_url
-from engine_watchdog.core.settings import Secret
-from engine_watchdog.net.access import Access
+from engine_watchdog.core.settings import Secret, WatchSettings
+from engine_watchdog.net.access import Access, access_for
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,9 @@ class EngineConnection:
         host = parts.hostname
         authority = parts.netloc
         return Upstream(parts.scheme, host, port, authority, parts.path.rstrip("/"), tls)
+
+
+def connection_for(settings: WatchSettings) -> EngineConnection:
+    """The one connection of a target: built where settings become a target (runtime/assembly.py,
+    runtime/check.py) and handed down to the watcher, its probes and recovery."""
+    return EngineConnection.of(settings.connect_url or settings.url, access_for(settings.probe))

@@ -18,7 +18,7 @@ import aiohttp
 
 from engine_watchdog.core.model import CanaryObs
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.net.access import OPEN, Access
+from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.net.errors import TLS, TOO_LARGE
 from engine_watchdog.net.http import Answer, fetch
 
@@ -37,15 +37,14 @@ class Canary:
     def __init__(
         self,
         session: aiohttp.ClientSession,
-        base_url: str,
+        connection: EngineConnection,
         profile: EngineProfile,
         timeout_s: float = 8.0,
         clock: Callable[[], float] = time.time,
-        access: Access = OPEN,
     ) -> None:
         self.session = session
-        self.access = access
-        self.base_url = base_url
+        self.connection = connection
+        """Where and with which credential (the key on /v1, else the URL's Basic: never both)."""
         self.profile = profile
         self.timeout_s = timeout_s
         self.clock = clock
@@ -70,8 +69,9 @@ class Canary:
     async def _discover_model(self) -> tuple[str | None, str]:
         """(the first model the engine serves, "") or (None, why not)."""
         path = self.profile.models_path
+        conn = self.connection
         answer = await fetch(
-            self.session, "GET", self.base_url + path, timeout_s=self.timeout_s, access=self.access
+            self.session, "GET", conn.url(path), timeout_s=self.timeout_s, access=conn.access
         )
         if answer.error in (TOO_LARGE, TLS):
             return None, f"{UNUSABLE} {path}: {answer.error}"
@@ -94,7 +94,7 @@ class Canary:
         # serving.py); that is the id its abort endpoint takes.
         engine_id = self.profile.canary_id_format.format(request_id)
         body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0.0}
-        url = self.base_url + self.profile.completions_path
+        url = self.connection.url(self.profile.completions_path)
         self.pending.add(engine_id)
         try:
             return await fetch(
@@ -102,7 +102,7 @@ class Canary:
                 "POST",
                 url,
                 timeout_s=timeout_s,
-                access=self.access,
+                access=self.connection.access,
                 json_body=body,
                 headers={"X-Request-Id": request_id},
             )

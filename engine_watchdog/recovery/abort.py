@@ -1,6 +1,6 @@
 """Abort in-flight requests through the engine's own endpoints, where it offers them.
 
-vLLM (FACTS.md, vllm/entrypoints/rl/online/api_router.py and scale_out/...):
+vLLM (vllm/entrypoints/rl/online/api_router.py and scale_out/...):
 - ``VLLM_SERVER_DEV_MODE=1``: ``POST /abort_requests {}`` aborts every in-flight request;
 - ``--enable-scale-out``: ``POST /inference/v1/abort_requests {"request_ids": [...]}`` needs the
   ids (we know our own canaries'); without the flag it answers 403.
@@ -16,24 +16,24 @@ import aiohttp
 
 from engine_watchdog.core.model import Outcome, Result
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.net.access import OPEN, Access
+from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.net.http import post_json
 
 
 async def abort_requests(
     session: aiohttp.ClientSession,
-    base_url: str,
+    connection: EngineConnection,
     profile: EngineProfile,
     known_ids: list[str],
     timeout_s: float = 5.0,
-    access: Access = OPEN,
 ) -> Outcome:
     """Try the profile's abort endpoints, most useful first; say what happened."""
+    url, access = connection.url, connection.access
     tried = []
     if profile.abort_all is not None:  # an engine's own "abort everything" (SGLang)
         path, body_text = profile.abort_all
         body_doc = json.loads(body_text)
-        status, text = await post_json(session, base_url + path, body_doc, timeout_s, access)
+        status, text = await post_json(session, url(path), body_doc, timeout_s, access)
         if status == 200:
             return Outcome(Result.OK, f"POST {path} {body_text}: aborted all in-flight requests")
         tried.append(f"{path}: {status or text}")
@@ -47,7 +47,7 @@ async def abort_requests(
             tried.append(f"{path}: no request ids known")
             continue
         body: dict[str, object] = {} if all_requests else {"request_ids": known_ids}
-        status, text = await post_json(session, base_url + path, body, timeout_s, access)
+        status, text = await post_json(session, url(path), body, timeout_s, access)
         if status == 200:
             what = "all in-flight requests" if all_requests else f"{len(known_ids)} request(s)"
             return Outcome(Result.OK, f"POST {path}: aborted {what}")

@@ -20,11 +20,11 @@ from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bu
 from engine_watchdog.capture.cuda import ENABLE_VAR, core_dump_enabled
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
-from engine_watchdog.capture.tools import tools_with
 from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
 from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.net.access import Access
+from engine_watchdog.host.tools import tools_with
+from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.net.http import get_json
 from engine_watchdog.recovery.abort import abort_requests
 from engine_watchdog.recovery.restart import (
@@ -50,15 +50,11 @@ class EngineHandle(Protocol):
         """The engine's base URL as reports name it (any credentials in it redacted)."""
 
     @property
-    def base_url(self) -> str:
-        """The engine's base URL to connect to (credentials included, never shown)."""
+    def connection(self) -> EngineConnection:
+        """Where to connect, TLS and the watchdog's credentials (abort routes are guarded too)."""
 
     @property
     def session(self) -> aiohttp.ClientSession: ...
-
-    @property
-    def access(self) -> Access:
-        """TLS trust and API key for the engine's URL (its abort routes are guarded too)."""
 
     @property
     def profile(self) -> EngineProfile:
@@ -133,7 +129,7 @@ class EngineActions:
     async def abort(self) -> Outcome:
         e = self.engine
         ids = sorted(e.known_request_ids())
-        return await abort_requests(e.session, e.base_url, e.profile, ids, access=e.access)
+        return await abort_requests(e.session, e.connection, e.profile, ids)
 
     async def restart(self, stalled_since: float) -> Outcome:
         if self.restarter is not None:
@@ -160,7 +156,8 @@ class EngineActions:
     async def paused(self) -> bool:
         """vLLM dev mode's /is_paused; it waits on a hung engine's loop, so a timeout is 'no'."""
         e = self.engine
-        doc = await get_json(e.session, e.base_url + "/is_paused", PAUSED_TIMEOUT_S, e.access)
+        conn = e.connection
+        doc = await get_json(e.session, conn.url("/is_paused"), PAUSED_TIMEOUT_S, conn.access)
         return bool(isinstance(doc, dict) and doc.get("is_paused"))
 
     def same_host(self) -> bool:

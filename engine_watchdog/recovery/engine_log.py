@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from engine_watchdog.capture.tools import make_private_dirs
+from engine_watchdog.host.tools import make_private_dirs
 
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 64 << 10

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from engine_watchdog.capture.tools import make_private_dirs
 from engine_watchdog.core.model import Action, Result
 from engine_watchdog.core.settings import RateLimit, SettingsError
+from engine_watchdog.host.tools import make_private_dirs
 
 log = logging.getLogger(__name__)
 KEEP_LINES = 1000

@@ -2,7 +2,7 @@
 
 Two guards, because neither is enough alone:
 
-1. The engine is started through capture/pdeathsig.py with SIGTERM: the kernel asks it to stop
+1. The engine is started through host/pdeathsig.py with SIGTERM: the kernel asks it to stop
    the moment its watchdog dies, even of a SIGKILL, and vLLM's API server then ends its engine
    core and workers. An engine that cannot act on it (hung, stopped) runs on, as may one that
    is still shutting down when the next watchdog starts.
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import psutil
 
-from engine_watchdog.capture.tools import make_private_dirs
 from engine_watchdog.core.settings import SettingsError
+from engine_watchdog.host.tools import make_private_dirs
 
 log = logging.getLogger(__name__)
 ORPHAN_GRACE_S = 10.0

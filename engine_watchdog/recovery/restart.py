@@ -1,6 +1,6 @@
 """Ending a stuck engine so that its supervisor starts it again.
 
-vLLM has no in-place engine-core restart (FACTS.md): SIGKILL of the engine core makes the API
+vLLM has no in-place engine-core restart (vLLM #48966): SIGKILL of the engine core makes the API
 server exit, and whatever runs it (kubelet, systemd, our ``run`` mode) starts it again. Or the
 operator gives a ``--restart-command``.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psutil
 
-from engine_watchdog.capture.tools import make_private_dirs
 from engine_watchdog.core.model import Outcome, ProcInfo, Result
+from engine_watchdog.host.tools import make_private_dirs
 
 log = logging.getLogger(__name__)
 KILL_WAIT_S = 10.0

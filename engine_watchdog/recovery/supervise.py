@@ -1,12 +1,14 @@
-"""Supervise mode: the watchdog starts the engine as its child and restarts it itself.
+"""Supervise mode: the watchdog starts the engine as its child, and restarts it when asked.
 
 For bare metal and Slurm, where nothing else would restart ``vllm serve``. The engine's output
 goes to the watchdog's stderr and to a private log file (the bundle's log tail), the secrets of
 its command line and of the environment it inherits masked (core/redact.py). An engine that exits
-on its own (vLLM's API server exits once its engine core died) is restarted too, under the same
-rate limit; a restart the supervisor asks for while one is under way is not done twice. The
-engine never outlives the watchdog unsupervised: it gets SIGTERM when the watchdog dies, and a
-PID file lets the next watchdog end what did not stop (recovery/orphans.py).
+on its own (vLLM's API server exits once its engine core died) is only reported, as an
+:class:`EngineExited` event: the supervisor decides whether to restart it (one rate limit, one
+history, one counter for every restart) and asks for it through the recovery actions; a restart
+asked for while one is under way is not done twice. The engine never outlives the watchdog
+unsupervised: it gets SIGTERM when the watchdog dies, and a PID file lets the next watchdog end
+what did not stop (recovery/orphans.py).
 """
 
 from __future__ import annotations
@@ -17,18 +19,17 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from engine_watchdog.capture.pdeathsig import wrap
-from engine_watchdog.capture.tools import make_private_dirs
-from engine_watchdog.core.model import Action, Outcome, Result
+from engine_watchdog.core.model import Outcome, Result
 from engine_watchdog.core.redact import Masker, redact_argv, secret_values
-from engine_watchdog.core.settings import RateLimit
+from engine_watchdog.host.pdeathsig import wrap
+from engine_watchdog.host.tools import make_private_dirs
 from engine_watchdog.recovery.engine_log import EngineLog, copy_output
-from engine_watchdog.recovery.history import ActionHistory, ActionRecord
 from engine_watchdog.recovery.orphans import remove_stamp, write_stamp
 
 log = logging.getLogger(__name__)
@@ -37,16 +38,28 @@ OUTPUT_DRAIN_S = 5.0
 """After the engine ended: how long its last output may take to reach the log."""
 
 
+@dataclass(frozen=True)
+class EngineExited:
+    """The child engine ended, and not because we ended it (a crash, a broken start-up)."""
+
+    t: float
+    """When its exit was seen (wall clock, like the action history)."""
+    pid: int
+    returncode: int
+
+
 class ChildEngine:
+    """The engine as our child: started, stopped and restarted when asked; its own exits are
+    reported to ``on_exit``, never acted on here."""
+
     def __init__(
         self,
         command: Sequence[str],
         log_path: Path,
-        history: ActionHistory,
-        target: str,
-        rate_limit: RateLimit,
+        on_exit: Callable[[EngineExited], None],
         echo: bool = True,
         pid_path: Path | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.echo = echo
         """Copy the engine's output to our stderr too (the log file always gets it)."""
@@ -58,13 +71,10 @@ class ChildEngine:
         self.engine_log = EngineLog(log_path)
         self.pid_path = pid_path
         """Names the running engine for a watchdog started after this one dies (orphans.py)."""
-        self.history = history
-        self.target = target
-        self.rate_limit = rate_limit
+        self.on_exit = on_exit
+        self.clock = clock
         self.proc: asyncio.subprocess.Process | None = None
         self.started_t = 0.0
-        self.restarts = 0
-        self.limited = False
         self._lock = asyncio.Lock()
         self._stopping = False
         self._started = asyncio.Event()
@@ -79,7 +89,7 @@ class ChildEngine:
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # its own process group: we end all of it, and only it
         )
-        self.started_t = time.time()
+        self.started_t = self.clock()
         log.warning("engine started: pid %d: %s", self.proc.pid, self.shown)
         assert self.proc.stdout is not None
         self._output = asyncio.create_task(
@@ -91,23 +101,18 @@ class ChildEngine:
         self._started.set()
 
     async def restart(self, stalled_since: float) -> Outcome:
-        """The supervisor's restart (rate limit already checked); never two for one death."""
+        """The supervisor's restart (its rate limit checked): end the engine if it still runs,
+        start the next; never two for one death."""
         async with self._lock:
             if self.started_t > stalled_since:
                 return Outcome(Result.SKIPPED, "the engine was restarted after the stall began")
-            exited = self.proc is not None and self.proc.returncode is not None
-            if exited and not self.limited:
-                return Outcome(
-                    Result.SKIPPED, "the engine exited by itself; supervise mode restarts it"
-                )
             await self._stop()
             await self.start()
-            self.restarts += 1
-            self.limited = False
         return Outcome(Result.OK, f"engine restarted (pid {self.proc.pid if self.proc else '?'})")
 
     async def watch_exits(self) -> None:
-        """Long-lived task: restart the engine when it exits on its own."""
+        """Long-lived task: report each exit we did not cause, then wait for the next engine
+        (the supervisor decides whether and when it comes)."""
         while not self._stopping:
             proc = self.proc
             assert proc is not None
@@ -116,26 +121,9 @@ class ChildEngine:
                 if proc is not self.proc or self._stopping:
                     continue  # we replaced or stopped it ourselves
                 self._started.clear()
-                self.limited = not await self._restart_after_exit(rc)
-            if self.limited:
-                await self._started.wait()  # until the supervisor restarts it
-
-    async def _restart_after_exit(self, rc: int) -> bool:
-        now = time.time()
-        allowed, why = self.history.restart_allowed(self.target, now, self.rate_limit)
-        if not allowed:
-            log.error("engine exited (%d); not restarting: %s", rc, why)
-            self.history.add(
-                ActionRecord(now, self.target, Action.RESTART, Result.RATE_LIMITED, why)
-            )
-            return False
-        log.warning("engine exited with code %d; restarting it", rc)
-        self.history.add(
-            ActionRecord(now, self.target, Action.RESTART, Result.OK, f"engine exited ({rc})")
-        )
-        await self.start()
-        self.restarts += 1
-        return True
+            log.warning("engine exited by itself with code %d (pid %d)", rc, proc.pid)
+            self.on_exit(EngineExited(self.clock(), proc.pid, rc))
+            await self._started.wait()
 
     async def stop(self) -> None:
         self._stopping = True

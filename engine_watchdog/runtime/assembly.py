@@ -19,74 +19,31 @@ import aiohttp
 
 from engine_watchdog.capture.retention import remove_abandoned
 from engine_watchdog.capture.steps import capture_steps
-from engine_watchdog.core.model import Action, Outcome, Transition, Verdict
+from engine_watchdog.core.model import Action, Observation, Outcome
 from engine_watchdog.core.settings import SettingsError, WatchSettings, parse_listen
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.guard.stats import GuardCollector
-from engine_watchdog.net.access import access_for
-from engine_watchdog.net.connection import EngineConnection
+from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.probes.procs import url_port
 from engine_watchdog.recovery.actions import EngineActions
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.orphans import end_orphan, pid_file
-from engine_watchdog.recovery.supervise import ChildEngine
+from engine_watchdog.recovery.supervise import ChildEngine, EngineExited
 from engine_watchdog.report.alertmanager import AlertmanagerReporter
-from engine_watchdog.report.console import transition_json, transition_line
 from engine_watchdog.report.k8s_events import EventsReporter, pod_from_env
 from engine_watchdog.report.metrics import WatchdogMetrics
+from engine_watchdog.runtime.events import Channel, RequestsStuck
 from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.recording import TraceWriter
-from engine_watchdog.runtime.supervisor import Supervisor
+from engine_watchdog.runtime.reporters import ConsoleReporter, MetricsReporter
+from engine_watchdog.runtime.supervisor import GuardOrders, Supervisor
 from engine_watchdog.runtime.watcher import Reporter, Watcher
 
 log = logging.getLogger(__name__)
+__all__ = ["ConsoleReporter", "MetricsReporter", "Target", "Task", "assemble"]
 HISTORY_FILE = "actions.jsonl"
 Task = Coroutine[Any, Any, None]
-
-
-class ConsoleReporter:
-    """Prints each transition as one line (readable or JSON)."""
-
-    def __init__(self, as_json: bool, out: Callable[[str], None] = print) -> None:
-        self.as_json = as_json
-        self.out = out
-
-    def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
-        for change in changes:
-            line = transition_json if self.as_json else transition_line
-            self.out(line(change, target))
-
-
-class MetricsReporter:
-    """Stall verdicts counted into the watchdog's own metrics; every probe's result through the
-    watcher's records. The verdicts themselves are read at scrape time."""
-
-    PROBES = {
-        "scrape": "metrics",
-        "health": "health",
-        "canary": "canary",
-        "gpu": "gpu",
-        "procs": "procs",
-    }
-
-    def __init__(self, metrics: WatchdogMetrics, watcher: Watcher) -> None:
-        self.metrics = metrics
-        self.watcher = watcher
-        metrics.start_target(watcher.target, lambda: watcher.verdicts)
-        watcher.listeners.append(self.on_record)
-
-    def on_record(self, rec: dict[str, Any]) -> None:
-        kind = str(rec.get("kind"))
-        probe = self.PROBES.get(kind)
-        if probe is None:
-            return  # not a probe's result (a restart we made, the settings judged with)
-        ok = rec["ok"] if "ok" in rec else rec.get("error") is None
-        self.metrics.observe_probe(self.watcher.target, probe, float(rec["t"]), bool(ok))
-        if kind == "scrape" and rec.get("elapsed_s") is not None:
-            self.metrics.scrape_duration.labels(self.watcher.target).observe(rec["elapsed_s"])
-
-    def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
-        self.metrics.count_stalls(target, changes)
+Pusher = EventsReporter | AlertmanagerReporter
 
 
 @dataclass
@@ -94,6 +51,8 @@ class Target:
     """Everything that watches one engine."""
 
     settings: WatchSettings
+    connection: EngineConnection
+    """The one engine connection every part of this target talks to the engine through."""
     watcher: Watcher
     reporters: list[Reporter]
     supervisor: Supervisor | None = None
@@ -115,6 +74,15 @@ class Target:
             self.writer.close()
 
 
+@dataclass
+class Channels:
+    """The bus of one target (runtime/events.py): who publishes and who listens, fixed here."""
+
+    stuck: Channel[RequestsStuck] = field(default_factory=lambda: Channel("requests-stuck"))
+    observed: Channel[Observation] = field(default_factory=lambda: Channel("observed"))
+    exits: Channel[EngineExited] = field(default_factory=lambda: Channel("engine-exited"))
+
+
 async def assemble(
     settings: WatchSettings,
     session: aiohttp.ClientSession,
@@ -122,71 +90,86 @@ async def assemble(
     out: Callable[[str], None],
     command: list[str] | None = None,
     echo_engine: bool = True,
+    guard_listen: str | None = None,
 ) -> Target:
+    """Each part is built with its collaborators, the ones it needs first; nothing is wired
+    into a part after it is built."""
     await asyncio.to_thread(check_pids, settings)
-    watcher = Watcher(settings, session)
-    target = Target(settings, watcher, [ConsoleReporter(settings.as_json, out)])
-    if settings.guard.listen:  # first: a taken port is said before anything else starts
-        target.guard = await _guard(settings, watcher, metrics)
-    target.reporters.append(MetricsReporter(metrics, watcher))
-    if settings.record:
-        target.writer = TraceWriter(settings.record)
-        watcher.listeners.append(target.writer.write)
-    # One history for both restart paths (the supervisor's and the supervised child's own), so
-    # the restart limit is counted in one memory.
+    bus = Channels()
+    # Once: watcher, probes, canary, abort and the guard take this one.
+    connection = connection_for(settings)
+    # First: a taken port is said before anything else starts.
+    guard = await _guard(settings, connection, guard_listen, metrics) if guard_listen else None
+    writer = TraceWriter(settings.record) if settings.record else None
+    watcher = Watcher(
+        settings,
+        session,
+        connection=connection,
+        wire=guard,
+        stuck=bus.stuck,
+        observed=bus.observed,
+        sinks=(writer.write,) if writer else (),
+    )
+    reporters: list[Reporter] = [
+        ConsoleReporter(settings.as_json, out),
+        MetricsReporter(metrics, watcher, bus.observed),
+    ]
+    tasks: dict[str, Task] = {}
+    pushers = _pushers(settings, session, tasks)
+    # One history for every restart, whoever asks for it (a stall, the child's exit).
     history = await _history(settings, metrics)
+    child = None
     if command:
-        target.child = await _start_child(settings, command, history, echo_engine)
-        target.tasks[f"engine-exits:{settings.url}"] = target.child.watch_exits()
-    target.supervisor = _supervisor(settings, watcher, metrics, history, target.child)
-    if target.supervisor:
-        target.reporters.append(target.supervisor)
-        if target.guard is not None:
-            _guard_orders(settings, watcher, target.supervisor, target.guard)
+        child = await _start_child(settings, command, bus.exits.publish, echo_engine)
+        tasks[f"engine-exits:{settings.url}"] = child.watch_exits()
+    supervisor = _supervisor(settings, watcher, metrics, history, child, guard, bus, pushers)
+    if supervisor:
+        reporters.append(supervisor)
+    reporters += pushers
+    return Target(settings, connection, watcher, reporters, supervisor, child, writer, guard, tasks)
+
+
+def _pushers(
+    settings: WatchSettings, session: aiohttp.ClientSession, tasks: dict[str, Task]
+) -> list[Pusher]:
+    """The reporters that push to a service (K8s Events, Alertmanager), each a long task."""
+    pushers: list[Pusher] = []
     if settings.report.k8s_events:
-        _add_events(target, settings.report.k8s_events, session)
+        where = settings.report.k8s_events
+        try:
+            pod = pod_from_env(None if where == "in-cluster" else where)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
+        pushers.append(EventsReporter(session, pod))
+        tasks[f"k8s-events:{settings.url}"] = pushers[-1].run()
     if settings.report.alertmanager:
-        pusher = AlertmanagerReporter(
-            session, settings.report.alertmanager, extra_labels=_pod_labels()
+        pushers.append(
+            AlertmanagerReporter(session, settings.report.alertmanager, extra_labels=_pod_labels())
         )
-        target.reporters.append(pusher)
-        if target.supervisor:
-            target.supervisor.listeners.append(pusher.on_action)
-        target.tasks[f"alertmanager:{settings.url}"] = pusher.run()
-    return target
+        tasks[f"alertmanager:{settings.url}"] = pushers[-1].run()
+    return pushers
 
 
-async def _guard(settings: WatchSettings, watcher: Watcher, metrics: WatchdogMetrics) -> Guard:
+async def _guard(
+    settings: WatchSettings, connection: EngineConnection, listen: str, metrics: WatchdogMetrics
+) -> Guard:
     """The guard in front of the engine, listening: the watcher's probe."""
-    assert settings.guard.listen is not None
-    # The real address and TLS trust, never the display URL; the guard gets no credential.
-    full_url = settings.connect_url or settings.url
-    connection = EngineConnection.of(full_url, access_for(settings.probe))
+    # The real address and TLS trust of the one connection, never the display URL; the guard
+    # gets no credential (a client without any meets the engine's own 401).
     guard = Guard(settings.guard, connection.upstream())
     try:
-        await guard.start(*parse_listen(settings.guard.listen, "--guard-listen"))
+        await guard.start(*parse_listen(listen, "--guard-listen"))
     except OSError as exc:
         await guard.stop()
         raise SettingsError(
-            f"--guard-listen {settings.guard.listen}: {exc.strerror or exc}; give a free host:port"
+            f"--guard-listen {listen}: {exc.strerror or exc}; give a free host:port"
         ) from None
-    watcher.wire = guard
     metrics.registry.register(
         GuardCollector(
             settings.url, guard.stats, lambda: len(guard.open), lambda: bool(guard.refusal)
         )
     )
     return guard
-
-
-def _guard_orders(
-    settings: WatchSettings, watcher: Watcher, supervisor: Supervisor, guard: Guard
-) -> None:
-    """The supervisor's hands: it decides, the guard carries out."""
-    supervisor.guard = guard
-    supervisor.request_action = settings.guard.request_action
-    supervisor.note = watcher.note
-    watcher.stuck_listeners.append(supervisor.on_stuck)
 
 
 async def _history(settings: WatchSettings, metrics: WatchdogMetrics) -> ActionHistory:
@@ -199,10 +182,14 @@ async def _history(settings: WatchSettings, metrics: WatchdogMetrics) -> ActionH
 
 
 async def _start_child(
-    settings: WatchSettings, command: list[str], history: ActionHistory, echo: bool
+    settings: WatchSettings,
+    command: list[str],
+    on_exit: Callable[[EngineExited], None],
+    echo: bool,
 ) -> ChildEngine:
-    """Supervise mode's engine, started once an engine orphaned by an earlier watchdog is gone."""
-    child = _child(settings, command, history, echo)
+    """Supervise mode's engine, started once an engine orphaned by an earlier watchdog is gone;
+    its own exits go to ``on_exit`` (the supervisor decides what follows)."""
+    child = _child(settings, command, on_exit, echo)
     if child.pid_path is not None:
         await asyncio.to_thread(end_orphan, child.pid_path)
     await child.start()
@@ -221,20 +208,11 @@ async def _clean_incident_dir(incident_dir: Path) -> None:
         )
 
 
-def _add_events(target: Target, where: str, session: aiohttp.ClientSession) -> None:
-    try:
-        pod = pod_from_env(None if where == "in-cluster" else where)
-    except ValueError as exc:
-        raise SettingsError(str(exc)) from None
-    events = EventsReporter(session, pod)
-    target.reporters.append(events)
-    if target.supervisor:
-        target.supervisor.listeners.append(events.on_action)
-    target.tasks[f"k8s-events:{target.settings.url}"] = events.run()
-
-
 def _child(
-    settings: WatchSettings, command: list[str], history: ActionHistory, echo: bool
+    settings: WatchSettings,
+    command: list[str],
+    on_exit: Callable[[EngineExited], None],
+    echo: bool,
 ) -> ChildEngine:
     if shutil.which(command[0]) is None:
         raise SettingsError(
@@ -244,8 +222,7 @@ def _child(
     capture = settings.capture
     log_path = capture.engine_log or capture.incident_dir / "engine.log"
     pid_path = pid_file(capture.incident_dir, url_port(settings.url))
-    limit = settings.policy.rate_limit
-    return ChildEngine(command, log_path, history, settings.url, limit, echo, pid_path)
+    return ChildEngine(command, log_path, on_exit, echo, pid_path)
 
 
 def _supervisor(
@@ -254,8 +231,12 @@ def _supervisor(
     metrics: WatchdogMetrics,
     history: ActionHistory,
     child: ChildEngine | None,
+    guard: Guard | None,
+    bus: Channels,
+    pushers: list[Pusher],
 ) -> Supervisor | None:
-    if not settings.policy.actions and not settings.guard.listen:
+    """The one decider; in run mode always (the child's exits are its to decide)."""
+    if not settings.policy.actions and guard is None and child is None:
         return None
     capture = settings.capture
     if capture.engine_log is None and child is not None:
@@ -273,7 +254,19 @@ def _supervisor(
         if phase == "end" and outcome is not None:
             metrics.count_action(target, action, outcome)
 
-    return Supervisor(settings.policy, actions, history, [count])
+    orders = None
+    if guard is not None:  # its hands: it decides, the guard carries out
+        orders = GuardOrders(guard, settings.guard.request_action, watcher.note)
+    return Supervisor(
+        settings.policy,
+        actions,
+        history,
+        [count, *(p.on_action for p in pushers)],
+        target=settings.url,
+        orders=orders,
+        exits=bus.exits,
+        stuck=bus.stuck if guard is not None else None,
+    )
 
 
 def _pod_labels() -> dict[str, str]:

@@ -20,6 +20,7 @@ import aiohttp
 from engine_watchdog.core.detector import TARGET
 from engine_watchdog.core.model import State, Verdict
 from engine_watchdog.core.settings import WatchSettings
+from engine_watchdog.net.connection import connection_for
 from engine_watchdog.report.console import verdict_dict
 from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.watcher import Watcher
@@ -92,7 +93,7 @@ async def run_check(
         async with aiohttp.ClientSession() as own:
             return await run_check(settings, timeout_s, own)
     await asyncio.to_thread(check_pids, settings, False)  # check reads processes, never acts
-    watcher = Watcher(settings, session, records=False)
+    watcher = Watcher(settings, session, records=False, connection=connection_for(settings))
     try:
         return await _observe(watcher, time.monotonic() + timeout_s)
     finally:

@@ -14,16 +14,16 @@ import importlib.util
 from collections.abc import Coroutine
 from typing import Any
 
-from engine_watchdog.core.settings import GuardSettings, SettingsError
+from engine_watchdog.core.settings import ProcessSettings, SettingsError
 
 
-def loop_of(guard: GuardSettings) -> str:
+def loop_of(process: ProcessSettings) -> str:
     """The loop the process runs: "uvloop" or "asyncio" (raises when uvloop is asked for and
     is not installed)."""
-    if not guard.listen or guard.event_loop == "asyncio":
+    if not process.guard_listen or process.event_loop == "asyncio":
         return "asyncio"
     installed = importlib.util.find_spec("uvloop") is not None
-    if guard.event_loop == "uvloop" and not installed:
+    if process.event_loop == "uvloop" and not installed:
         raise SettingsError(
             "--guard-loop uvloop: uvloop is not installed (pip install uvloop), "
             "or give --guard-loop asyncio"
@@ -31,10 +31,10 @@ def loop_of(guard: GuardSettings) -> str:
     return "uvloop" if installed else "asyncio"
 
 
-def run(main: Coroutine[Any, Any, int], guard: GuardSettings) -> int:
+def run(main: Coroutine[Any, Any, int], process: ProcessSettings) -> int:
     """Run ``main`` to its end on the loop :func:`loop_of` picks; its exit code."""
     try:
-        kind = loop_of(guard)
+        kind = loop_of(process)
     except SettingsError:
         main.close()  # never started: no "never awaited" warning after the one-line error
         raise

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +68,10 @@ class RoundRecords:
     published in time order into the timeline (for bundles) and to the trace writers: a trace
     must replay in the order the detector judged it."""
 
-    def __init__(self) -> None:
+    def __init__(self, listeners: Iterable[Callable[[dict[str, Any]], None]] = ()) -> None:
+        """``listeners``: the trace writers, each told every record."""
         self.timeline: deque[dict[str, Any]] = deque()
-        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.listeners: list[Callable[[dict[str, Any]], None]] = list(listeners)
         self._round: list[dict[str, Any]] = []
 
     def hold(self, rec: dict[str, Any]) -> None:

@@ -9,25 +9,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from engine_watchdog.core.settings import WatchSettings, parse_listen
+from engine_watchdog.core.settings import (
+    ProcessSettings,
+    SettingsError,
+    WatchSettings,
+    parse_listen,
+)
+from engine_watchdog.guard.drain import ANSWER_S, drain
+from engine_watchdog.net.bounded import bounded, end_tasks
+from engine_watchdog.recovery.supervise import OUTPUT_DRAIN_S, STOP_GRACE_S
 from engine_watchdog.report.console import verdict_dict
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.runtime.assembly import ConsoleReporter, Target, Task, assemble
 from engine_watchdog.runtime.server import make_app, start_server
+from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
 from engine_watchdog.runtime.supervisor import ActionListener
 from engine_watchdog.runtime.watcher import Reporter, Watcher
 
 __all__ = ["ConsoleReporter", "probe_loop", "run_guarded", "run_watch"]
 log = logging.getLogger(__name__)
 EXIT_TASK_DIED = 70  # EX_SOFTWARE
+TASK_END_S = 3.0
+"""At a stop: how long the cancelled tasks get to end (each cleans up in a bounded way)."""
+CLOSE_S = 5.0
+"""A target's close (guard, watcher, trace), less its supervised engine's."""
+CHILD_STOP_S = STOP_GRACE_S + 10.0 + OUTPUT_DRAIN_S + 1.0
+"""The supervised engine's stop: SIGTERM and its grace, SIGKILL and its wait, its output."""
 
 
 def print_line(line: str) -> None:
@@ -49,8 +63,12 @@ async def probe_loop(
             reporter.report(watcher.target, changes, watcher.verdicts)
         done += 1
         next_at = max(next_at + interval, time.monotonic())
-        with contextlib.suppress(TimeoutError):  # a canary's end starts the next round early
-            await asyncio.wait_for(watcher.woken.wait(), next_at - time.monotonic())
+        # A canary's end starts the next round early. asyncio.timeout, not wait_for: wait_for
+        # on 3.11 can lose a cancellation that meets the wake-up (CPython gh-86296), and a
+        # probe loop that lost its cancellation never lets the process stop.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(next_at - time.monotonic()):
+                await watcher.woken.wait()
         watcher.woken.clear()
 
 
@@ -61,18 +79,24 @@ def status_snapshot(targets: Sequence[Target]) -> dict[str, Any]:
     return {"targets": [t.watcher.target for t in targets], "engines": engines}
 
 
-async def run_guarded(tasks: dict[str, Task], stop: asyncio.Event) -> int:
-    """Run named tasks until ``stop`` is set (exit 0) or one of them ends (exit 70)."""
+async def run_guarded(
+    tasks: dict[str, Task],
+    stop: asyncio.Event,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> int:
+    """Run named tasks until ``stop`` is set (exit 0) or one of them ends (exit 70).
+    ``on_stop`` runs once ``stop`` is set, while the tasks still run (the guard's drain);
+    then every task is cancelled, and waited for a bounded time."""
     running: set[asyncio.Task[None]] = {
         asyncio.create_task(coro, name=name) for name, coro in tasks.items()
     }
     stopper = asyncio.create_task(stop.wait(), name="stop")
     try:
         done, _ = await asyncio.wait({*running, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if stopper in done and on_stop is not None:
+            await on_stop()
     finally:
-        for task in (*running, stopper):
-            task.cancel()
-        await asyncio.gather(*running, stopper, return_exceptions=True)
+        await end_tasks([*running, stopper], TASK_END_S)
     for task in done - {stopper}:
         exc = task.exception() if not task.cancelled() else None
         log.error("task %s ended unexpectedly: %r; exiting", task.get_name(), exc)
@@ -82,6 +106,7 @@ async def run_guarded(tasks: dict[str, Task], stop: asyncio.Event) -> int:
 
 async def run_watch(
     settings: WatchSettings | Sequence[WatchSettings],
+    process: ProcessSettings | None = None,
     stop: asyncio.Event | None = None,
     out: Callable[[str], None] = print_line,
     extra_reporters: list[Reporter] | None = None,
@@ -90,36 +115,91 @@ async def run_watch(
     action_listeners: list[ActionListener] | None = None,
 ) -> int:
     """Watch engines until stopped; with ``command`` (one engine), start and supervise it too.
-    ``extra_reporters`` see every round's verdicts, ``action_listeners`` every action."""
+    ``extra_reporters`` see every round's verdicts, ``action_listeners`` every action. Without
+    ``stop``, SIGTERM and SIGINT stop it (runtime/stopping.py)."""
     many = [settings] if isinstance(settings, WatchSettings) else list(settings)
-    stop = stop or _stop_on_signals()
+    process = process or ProcessSettings()
+    stopping = None
+    if stop is None:
+        stopping = Stopping(_stop_budget(many[0], process, command))
+        stopping.install()
+        stop = stopping.event
     metrics = WatchdogMetrics()
-    async with aiohttp.ClientSession() as session:
-        targets: list[Target] = []
-        try:
-            for s in many:
-                targets.append(await assemble(s, session, metrics, out, command, echo_engine))
-                if targets[-1].supervisor is not None:
-                    targets[-1].supervisor.listeners.extend(action_listeners or [])
-            tasks: dict[str, Task] = {}
-            for t in targets:
-                tasks.update(t.tasks)
-                reporters = [*t.reporters, *(extra_reporters or [])]
-                tasks[f"probe-loop:{t.settings.url}"] = probe_loop(t.watcher, reporters)
-            server = await _serve(many[0], metrics, targets)
+    targets: list[Target] = []
+    server = await _serve(process, metrics, targets, stop)  # first: a taken port stops all
+    try:
+        async with aiohttp.ClientSession() as session:
             try:
-                return await run_guarded(tasks, stop)
+                await _assemble_all(many, process, session, metrics, out, targets, command,
+                                    echo_engine, action_listeners)  # fmt: skip
+                tasks: dict[str, Task] = {}
+                for t in targets:
+                    tasks.update(t.tasks)
+                    reporters = [*t.reporters, *(extra_reporters or [])]
+                    tasks[f"probe-loop:{t.settings.url}"] = probe_loop(t.watcher, reporters)
+                return await run_guarded(tasks, stop, lambda: _drain(targets))
             finally:
-                if server:
-                    await server.cleanup()
-        finally:
-            await asyncio.gather(*(t.close() for t in targets), return_exceptions=True)
+                await asyncio.gather(*(_close(t) for t in targets))
+    finally:
+        if server is not None:
+            await bounded(server.cleanup(), CLOSE_S, "the watchdog's own server's cleanup")
+        if stopping is not None:
+            stopping.done()
+
+
+async def _assemble_all(
+    many: list[WatchSettings],
+    process: ProcessSettings,
+    session: aiohttp.ClientSession,
+    metrics: WatchdogMetrics,
+    out: Callable[[str], None],
+    targets: list[Target],
+    command: list[str] | None,
+    echo_engine: bool,
+    action_listeners: list[ActionListener] | None,
+) -> None:
+    """Every target, into ``targets`` as it is made (closed by the caller, also on failure)."""
+    try:
+        for s in many:
+            targets.append(
+                await assemble(s, session, metrics, out, command, echo_engine, process.guard_listen)
+            )
+            if targets[-1].supervisor is not None:
+                targets[-1].supervisor.listeners.extend(action_listeners or [])
+    except BaseException:
+        for t in targets:  # made, never started: no "coroutine was never awaited" at exit
+            for coro in t.tasks.values():
+                coro.close()
+        raise
+
+
+def _stop_budget(
+    first: WatchSettings, process: ProcessSettings, command: list[str] | None
+) -> float:
+    """The longest an orderly stop may take before the backstop ends the process."""
+    budget = MARGIN_S
+    if process.guard_listen:
+        budget += first.guard.drain_s + ANSWER_S
+    if command:
+        budget += CHILD_STOP_S
+    return budget
+
+
+async def _drain(targets: list[Target]) -> None:
+    """Every guard drains at once, each within its own budget (guard/drain.py)."""
+    drains = [drain(t.guard, t.settings.guard.drain_s) for t in targets if t.guard is not None]
+    await asyncio.gather(*drains)
+
+
+async def _close(target: Target) -> None:
+    bound = CLOSE_S + (CHILD_STOP_S if target.child is not None else 0.0)
+    await bounded(target.close(), bound, f"closing the watch of {target.settings.url}")
 
 
 async def _serve(
-    settings: WatchSettings, metrics: WatchdogMetrics, targets: list[Target]
+    process: ProcessSettings, metrics: WatchdogMetrics, targets: list[Target], stop: asyncio.Event
 ) -> web.AppRunner | None:
-    if not settings.listen:
+    if not process.listen:
         return None
 
     def live() -> tuple[bool, str]:
@@ -129,17 +209,17 @@ async def _serve(
         return True, "watching"
 
     def ready() -> tuple[bool, str]:
-        rounds = min(t.watcher.rounds for t in targets)
+        if stop.is_set():
+            return False, "stopping"
+        rounds = min((t.watcher.rounds for t in targets), default=0)
         return rounds > 0, f"{rounds} probe rounds"
 
     app = make_app(metrics.registry, lambda: status_snapshot(targets), live=live, ready=ready)
-    return await start_server(app, *parse_listen(settings.listen))
-
-
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    return stop
+    host, port = parse_listen(process.listen)
+    try:
+        return await start_server(app, host, port)
+    except OSError as exc:
+        raise SettingsError(
+            f"--listen {process.listen}: {exc.strerror or exc}; give a free host:port "
+            "(or --listen '' for no server)"
+        ) from None

@@ -40,7 +40,14 @@ def make_app(
 
 
 async def start_server(app: web.Application, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
+    """Listening on host:port (an OSError when it cannot bind, nothing left behind)."""
+    # Its handlers answer at once: aiohttp's 60 s wait for them at cleanup would only ever
+    # wait on a client that does not read.
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner

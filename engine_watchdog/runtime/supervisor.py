@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
 
 from engine_watchdog.core.model import (
     Action,
@@ -27,43 +28,36 @@ from engine_watchdog.core.model import (
 )
 from engine_watchdog.core.settings import PolicySettings
 from engine_watchdog.guard.errors import MESSAGES, Ending
-from engine_watchdog.recovery.history import ActionHistory, ActionRecord
+from engine_watchdog.recovery.history import ActionHistory
+from engine_watchdog.recovery.supervise import EngineExited
+from engine_watchdog.runtime.events import Channel, RequestsStuck
+from engine_watchdog.runtime.hands import Actions, GuardControl, refusal
+from engine_watchdog.runtime.ledger import ActionListener, Ledger
 
+__all__ = ["ActionListener", "Actions", "GuardControl", "GuardOrders", "Supervisor", "refusal"]
 log = logging.getLogger("engine_watchdog.actions")
-
-
-class Actions(Protocol):
-    """What the ladder can do to an engine (recovery/actions.py; fakes in policy tests)."""
-
-    async def capture(self, verdict: Verdict, destructive: bool) -> Outcome: ...
-    async def abort(self) -> Outcome: ...
-    async def restart(self, stalled_since: float) -> Outcome:
-        """End the engine that has been stalled since ``stalled_since`` (not a newer one)."""
-        ...
-
-    async def paused(self) -> bool: ...
-    def same_host(self) -> bool: ...
-
-
-class GuardControl(Protocol):
-    """What the supervisor may tell the guard (guard/proxy.py): it carries decisions out."""
-
-    def refuse(self, message: str | None) -> None: ...
-    def end(self, request_id: str, message: str) -> bool: ...
-    def end_all(self, message: str) -> int: ...
-    def count_stuck(self) -> None: ...
-
-
 ANSWER_WAIT_S = 0.5
 """How long the answer rung waits for the hold-back checks (the engine paused on purpose)."""
+EXIT_RETRY_S = 5.0
+"""How often a rate-limited restart after an exit asks the rate limit again."""
 STUCK_REQUESTS = "stuck-requests"
 """The cause of an incident made of several stuck requests (the engine serves the others)."""
-ActionListener = Callable[[str, Action, str, Outcome | None], None]
-"""(target, action, phase "start"|"end", outcome) -> None: metrics, alerts."""
+
+
+@dataclass(frozen=True)
+class GuardOrders:
+    """The guard in front of the engine, as the supervisor's hands (it decides, they carry out)."""
+
+    guard: GuardControl
+    request_action: str = "abort"
+    """abort or report (GuardSettings.request_action)."""
+    note: Callable[[dict[str, object]], None] = lambda rec: None
+    """Puts a record into the incident timeline (the watcher's)."""
 
 
 class Supervisor:
-    """A Reporter: sees every probe round's verdicts; runs one incident at a time."""
+    """A Reporter: sees every probe round's verdicts; runs one incident at a time. Every restart
+    goes through it, whoever asks: a stall's ladder, or the supervised engine's own exit."""
 
     def __init__(
         self,
@@ -72,24 +66,40 @@ class Supervisor:
         history: ActionHistory,
         listeners: list[ActionListener] | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        target: str = "",
+        orders: GuardOrders | None = None,
+        exits: Channel[EngineExited] | None = None,
+        stuck: Channel[RequestsStuck] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: wall time, for the history; ``monotonic``: for the waits (both injected,
+        so that the policy tests run on their own time)."""
         self.policy = policy
         self.actions = actions
         self.history = history
-        self.listeners = listeners or []
+        self.listeners = listeners if listeners is not None else []
         self.clock = clock
+        self.ledger = Ledger(history, self.listeners, clock, policy.dry_run)
+        self.monotonic = monotonic
         self.liveness_failed = False
         self.restart_limited = False
         self.incident: asyncio.Task[None] | None = None
+        self.exit_task: asyncio.Task[None] | None = None
+        """The restart after the engine's own exit, while it is decided or waits."""
         self._verdicts: dict[str, Verdict] = {}
         self._changed = asyncio.Event()
-        self._target = ""
-        self.guard: GuardControl | None = None
-        self.request_action = "abort"
-        """abort or report (GuardSettings.request_action)."""
-        self.note: Callable[[dict[str, object]], None] = lambda rec: None
-        """Puts a record into the incident timeline (the watcher's)."""
+        self._target = target
+        self.guard = orders.guard if orders else None
+        self.request_action = orders.request_action if orders else "abort"
+        self.note = orders.note if orders else (lambda rec: None)
         self._answered = False
+        self._restarting = asyncio.Lock()
+        """One restart decision at a time, whoever asks (the ladder, an exit)."""
+        if exits is not None:
+            exits.subscribe(self.on_exit)
+        if stuck is not None:
+            stuck.subscribe(lambda event: self.on_stuck(list(event.findings)))
 
     def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
         self._target, self._verdicts = target, verdicts
@@ -175,23 +185,55 @@ class Supervisor:
 
     async def _restart(self, verdict: Verdict) -> bool:
         """Restart when the rate limit allows; True once the engine is seen back."""
-        allowed, why = self.history.restart_allowed(
-            self._target, self.clock(), self.policy.rate_limit
-        )
-        if not allowed:
-            self.restart_limited = True
-            await self._act(Action.RESTART, self._noop(why, Result.RATE_LIMITED))
+        if self.exit_task is not None and not self.exit_task.done():
+            log.warning("restart: the engine's exit is being handled already; not asked twice")
             return False
-        self.restart_limited = False
-        if Action.CAPTURE in self.policy.actions and verdict.cause != Cause.ENGINE_DEAD:
-            # The CUDA core dump kills the process, so it belongs here and nowhere earlier.
-            await self._act(Action.CAPTURE, self.actions.capture(verdict, destructive=True))
-        done = await self._act(Action.RESTART, self.actions.restart(verdict.since or verdict.t))
+        async with self._restarting:
+            allowed, why = self._allowed()
+            if not allowed:
+                await self._act(Action.RESTART, self._noop(why, Result.RATE_LIMITED))
+                return False
+            if Action.CAPTURE in self.policy.actions and verdict.cause != Cause.ENGINE_DEAD:
+                # The CUDA core dump kills the process, so it belongs here and nowhere earlier.
+                await self._act(Action.CAPTURE, self.actions.capture(verdict, destructive=True))
+            done = await self._act(Action.RESTART, self.actions.restart(verdict.since or verdict.t))
         if done.result not in (Result.OK, Result.SKIPPED):
             return False  # failed, or a dry run: nothing will come back
         back = await self._wait_for(self._back, self.policy.recover_timeout_s)
         log.warning("engine %s after restart", "back" if back else "NOT back")
         return back
+
+    def _allowed(self) -> tuple[bool, str]:
+        allowed, why = self.history.restart_allowed(
+            self._target, self.clock(), self.policy.rate_limit
+        )
+        self.restart_limited = not allowed
+        return allowed, why
+
+    def on_exit(self, event: EngineExited) -> None:
+        """The supervised engine ended by itself: restart it, under the one rate limit."""
+        if self.exit_task is None or self.exit_task.done():
+            self.exit_task = asyncio.create_task(self._after_exit(event), name="engine-exit")
+            self.exit_task.add_done_callback(_say_if_failed)
+
+    async def _after_exit(self, event: EngineExited) -> None:
+        """A restart refused by the rate limit is recorded once; it waits for the limit to
+        allow it (a backoff ends, the window passes) and then restarts."""
+        said = False
+        while True:
+            async with self._restarting:
+                allowed, why = self._allowed()
+                if allowed:
+                    await self._act(Action.RESTART, self._restart_exited(event))
+                    return
+                if not said:
+                    await self._act(Action.RESTART, self._noop(why, Result.RATE_LIMITED))
+                    said = True
+            await asyncio.sleep(EXIT_RETRY_S)
+
+    async def _restart_exited(self, event: EngineExited) -> Outcome:
+        done = await self.actions.restart(event.t)
+        return Outcome(done.result, f"engine exited ({event.returncode}); {done.detail}")
 
     async def _hold_back(self, verdict: Verdict) -> bool:
         """Reasons not to touch the engine at all."""
@@ -205,29 +247,8 @@ class Supervisor:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    async def _act(self, action: Action, job: object) -> Outcome:
-        for listener in self.listeners:
-            listener(self._target, action, "start", None)
-        if self.policy.dry_run:
-            close = getattr(job, "close", None)
-            if close:
-                close()  # the coroutine is never awaited: no action is taken
-            outcome = Outcome(Result.DRY_RUN, f"would {action}")
-        else:
-            assert asyncio.iscoroutine(job)
-            try:
-                outcome = await job
-            except Exception as exc:  # a bug in one action must not end the ladder unrecorded
-                log.error("action %s raised %r", action, exc)
-                outcome = Outcome(Result.FAILED, f"{type(exc).__name__}: {exc}")
-        log.warning("action %s: %s %s", action, outcome.result, outcome.detail)
-        # Never raises (a full disk): the record still counts in memory, the ladder goes on.
-        self.history.add(
-            ActionRecord(self.clock(), self._target, action, outcome.result, outcome.detail)
-        )
-        for listener in self.listeners:
-            listener(self._target, action, "end", outcome)
-        return outcome
+    async def _act(self, action: Action, job: Coroutine[Any, Any, Outcome]) -> Outcome:
+        return await self.ledger.run(self._target, action, job)
 
     async def _answer(self, verdict: Verdict) -> Outcome:
         assert self.guard is not None
@@ -250,10 +271,10 @@ class Supervisor:
         return self._recovered()
 
     async def _wait_for(self, condition: Callable[[], bool], timeout_s: float | None) -> bool:
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = None if timeout_s is None else self.monotonic() + timeout_s
         while not condition():
             self._changed.clear()
-            left = None if deadline is None else deadline - time.monotonic()
+            left = None if deadline is None else deadline - self.monotonic()
             if left is not None and left <= 0:
                 return False
             try:
@@ -261,21 +282,6 @@ class Supervisor:
             except asyncio.TimeoutError:
                 return condition()
         return True
-
-
-def refusal(verdicts: Iterable[Verdict], answered: bool) -> str | None:
-    """Why new requests are refused now (the Retry-After answer's message), or None.
-    ``answered``: the answer rung ran for an incident the engine has not recovered from."""
-    for v in verdicts:
-        if v.state is State.STALLED and answered:
-            return f"engine-watchdog: the engine is stalled ({v.cause}); retry later or elsewhere"
-        if v.state is State.UNREACHABLE and answered:
-            return "engine-watchdog: the engine is being recovered; retry later or elsewhere"
-        if v.state is State.STARTING and v.cause == Cause.RESTARTING:
-            return "engine-watchdog: the engine is restarting; retry later or elsewhere"
-        if v.state in (State.STARTING, State.UNREACHABLE) and v.cause == "connection-refused":
-            return "engine-watchdog: the engine is not listening; retry later or elsewhere"
-    return None
 
 
 def _say_if_failed(task: asyncio.Task[None]) -> None:

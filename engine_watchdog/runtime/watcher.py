@@ -1,56 +1,36 @@
-"""One watched engine: probe it, feed the detector, hand the results to the reporters.
+"""One watched engine: a prober (runtime/probing.py) and a judge (runtime/judging.py), run one
+round at a time, with the round's records kept for the timeline and the trace.
 
-The watcher owns no policy. ``tick()`` runs one probe round; the run loop (runner.py) and the
-one-shot check (check.py) decide what to do with the verdicts.
+The watcher owns no policy and no state of the probes' or the detector's: each part owns its
+own, and the parts talk through typed channels (runtime/events.py) handed to them when built.
+``tick()`` runs one round; the run loop (runner.py) and the one-shot check (check.py) decide
+what to do with the verdicts. It is also the recovery actions' view of the engine
+(recovery.actions.EngineHandle).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, Protocol
 
 import aiohttp
 
-from engine_watchdog.core.detector import Detector
-from engine_watchdog.core.exposition import filter_body
-from engine_watchdog.core.model import (
-    CanaryObs,
-    GuardObs,
-    Observation,
-    ProcInfo,
-    ProcsObs,
-    RestartObs,
-    ScrapeObs,
-    StuckRequest,
-    Transition,
-    Verdict,
-)
+from engine_watchdog.core.model import Observation, ProcInfo, ScrapeObs, Transition, Verdict
 from engine_watchdog.core.settings import WatchSettings
-from engine_watchdog.engines import PROFILES, VLLM
-from engine_watchdog.engines.detect import detect_profile
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.net.access import access_for
+from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.probes.canary import Canary
-from engine_watchdog.probes.engine_procs import ProcsProbe
-from engine_watchdog.probes.gpu import GpuProbe, load_nvml
-from engine_watchdog.probes.health import probe_health
-from engine_watchdog.probes.metrics import parse_scrape, scrape
+from engine_watchdog.probes.gpu import GpuProbe
 from engine_watchdog.probes.procs import sample_procs_async
-from engine_watchdog.runtime.notices import Notices, warn_blind_spots
+from engine_watchdog.runtime.events import Channel, RequestsStuck
+from engine_watchdog.runtime.judging import Judge
+from engine_watchdog.runtime.notices import Notices
+from engine_watchdog.runtime.probing import Prober, WireSource
 from engine_watchdog.runtime.recording import RoundRecords
-from engine_watchdog.runtime.trace import encode, encode_scrape, encode_settings
 
-log = logging.getLogger(__name__)
-
-
-class WireSource(Protocol):
-    """The guard, as a probe (guard/proxy.py)."""
-
-    def snapshot(self, t: float) -> GuardObs: ...
+__all__ = ["Reporter", "Watcher", "WireSource"]
 
 
 class Reporter(Protocol):
@@ -61,96 +41,99 @@ class Reporter(Protocol):
 class Watcher:
     """Probes one engine server and judges it."""
 
-    def __init__(
+    def __init__(  # every collaborator here, none set later
         self,
         settings: WatchSettings,
         session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
         gpu: GpuProbe | None = None,
         records: bool = True,
+        wire: WireSource | None = None,
+        stuck: Channel[RequestsStuck] | None = None,
+        observed: Channel[Observation] | None = None,
+        sinks: tuple[Callable[[dict[str, Any]], None], ...] = (),
+        connection: EngineConnection | None = None,
     ) -> None:
         """``records``: keep each round's records for the timeline (bundles) and the trace
-        writers; a one-shot ``check`` needs neither."""
-        self.records = records
+        writers (``sinks``); a one-shot ``check`` needs neither. ``wire``: the guard in front of
+        this engine, if one runs in this process. ``stuck``: told each round's stuck requests
+        (the supervisor); ``observed``: each observation as it is judged (the metrics)."""
         self.settings = settings
         self.target = settings.url
         """The engine as every report names it (credentials redacted)."""
-        self.base_url = settings.connect_url or settings.url
-        """Where the probes and the actions connect: the only holder of the URL's credentials."""
         self.session = session
-        self.access = access_for(settings.probe)
-        """TLS trust and API key for this engine (recovery's requests use them too)."""
         self.clock = clock
-        self.notices = Notices(self.target)
-        # "auto": judged as vLLM until the first answer of /metrics names the engine.
-        self.profile = PROFILES.get(settings.engine, VLLM)
-        self.detecting = settings.engine == "auto"
-        self.detector = Detector(settings.detector)
-        self.rounds_records = RoundRecords()
+        self.records = records
+        self.rounds_records = RoundRecords(sinks)
         self.timeline = self.rounds_records.timeline
         self.listeners = self.rounds_records.listeners
-        self.wire: WireSource | None = None
-        """The guard in front of this engine, if one runs in this process."""
-        self.stuck_listeners: list[Callable[[list[StuckRequest]], None]] = []
-        """Told each round's stuck requests (the supervisor)."""
-        self.rounds = 0
-        if not self.detecting:
-            warn_blind_spots(settings, self.profile)
-            self._adopt(self.profile)
-        else:
-            self._remember_settings()
-        self._fed_t = 0.0
-        self.last_scrape: ScrapeObs | None = None
-        self.canary = Canary(
-            session,
-            self.base_url,
-            self.profile,
-            settings.probe.canary_timeout_s,
-            clock,
-            self.access,
+        record = self.rounds_records.hold if records else _drop
+        notices = Notices(self.target)
+        named: Channel[EngineProfile] = Channel("engine-named")
+        connection = connection or connection_for(settings)
+        self.prober = Prober(
+            settings, session, clock, notices, record, named, connection, gpu, wire
         )
-        self._canary_task: asyncio.Task[CanaryObs] | None = None
-        self.woken = asyncio.Event()
-        """Set when a canary ends: its answer is judged at once, not a round later."""
-        self._noted: list[RestartObs] = []
-        pids = settings.probe.pids
-        self.procs = ProcsProbe(None if pids else self.target, pids, self.profile, clock=clock)
-        self.gpu = _gpu_probe(settings, gpu)
-
-    @property
-    def verdicts(self) -> dict[str, Verdict]:
-        return self.detector.verdicts
+        known = None if self.prober.detecting else self.prober.profile
+        self.judge = Judge(
+            settings.detector,
+            known,
+            clock,
+            notices,
+            record,
+            stuck or Channel("requests-stuck"),
+            observed or Channel("observed"),
+        )
+        named.subscribe(self.judge.on_named)
+        self.rounds = 0
 
     async def tick(self) -> list[Transition]:
         """One probe round: every probe concurrently, then judge in time order."""
-        results = await asyncio.gather(*self._probes(), return_exceptions=True)
-        probed: list[Observation] = []
-        for result in results:
-            if isinstance(result, BaseException):
-                self.notices.failed(result)
-            elif result is not None:
-                probed.append(result)
-        changes: list[Transition] = []
-        for obs in sorted(
-            [*self._take_noted(), *self._canary_result(), *probed], key=lambda o: o.t
-        ):
-            changes += self.detector.feed(obs)
-            self._fed_t = max(self._fed_t, obs.t)
-        stuck = self.detector.take_stuck()
-        if stuck:
-            for listener in self.stuck_listeners:
-                listener(stuck)
-        self.notices.notes(self.detector.notes)
-        self.detector.notes.clear()
-        self._publish()
-        self._maybe_send_canary()
+        changes = self.judge.judge(await self.prober.round(self.judge.fed_t))
+        self.rounds_records.publish()
+        if self.judge.canary_due():
+            self.prober.send_canary()
         self.rounds += 1
         return changes
 
+    def close(self) -> None:
+        self.prober.close()
+
+    # -- what the run loop and the reports read -----------------------------------------------
+
+    @property
+    def verdicts(self) -> dict[str, Verdict]:
+        return self.judge.verdicts
+
+    @property
+    def woken(self) -> asyncio.Event:
+        return self.prober.woken
+
+    @property
+    def last_scrape(self) -> ScrapeObs | None:
+        return self.prober.last_scrape
+
+    @property
+    def gpu(self) -> GpuProbe | None:
+        return self.prober.gpu
+
+    @property
+    def canary(self) -> Canary:
+        return self.prober.canary
+
     # -- what the recovery actions may know of the engine (recovery.actions.EngineHandle) ---
 
+    @property
+    def connection(self) -> EngineConnection:
+        """Where the probes and the actions connect, with which TLS trust and credential."""
+        return self.prober.connection
+
+    @property
+    def profile(self) -> EngineProfile:
+        return self.prober.profile
+
     def known_request_ids(self) -> list[str]:
-        return sorted(self.canary.pending)
+        return sorted(self.prober.canary.pending)
 
     def recent_records(self) -> list[dict[str, Any]]:
         return list(self.timeline)
@@ -167,164 +150,15 @@ class Watcher:
     def note(self, rec: dict[str, Any]) -> None:
         """A record for the incident timeline and the trace (what the guard did to a request),
         published with the next round; replay ignores its kind."""
-        self._remember({"v": 1, "t": self.clock(), **rec})
+        if self.records:
+            self.rounds_records.hold({"v": 1, "t": self.clock(), **rec})
 
     def note_restart(self, detail: str, replaced: bool = False) -> None:
         """The watchdog just ended the engine so that it restarts (``replaced``: and already
         started the next one); judged with the next round (so its transitions reach the
         reporters like any other), and recorded in the trace."""
-        self._noted.append(RestartObs(self.clock(), detail, replaced))
-
-    def _take_noted(self) -> list[RestartObs]:
-        # Never before what the detector has already judged (a canary may have ended later).
-        noted = [replace(o, t=max(o.t, self._fed_t)) for o in self._noted]
-        self._noted.clear()
-        for obs in noted:
-            self._remember(encode(obs))
-        return noted
-
-    def close(self) -> None:
-        if self._canary_task is not None:
-            self._canary_task.cancel()
-        if self.gpu is not None:
-            self.gpu.close()
-
-    def _probes(self) -> list[Any]:
-        probe = self.settings.probe
-        jobs: list[Any] = [self._scrape()]
-        if probe.health and (probe.health_every_round or self._health_wanted()):
-            jobs.append(self._health())
-        if probe.procs:
-            jobs.append(self._procs())
-        if self.gpu is not None:
-            jobs.append(self._gpu(self.gpu))
-        if self.wire is not None:
-            jobs.append(self._guard(self.wire))
-        return jobs
-
-    def _health_wanted(self) -> bool:
-        """In the first round, and while /metrics does not answer (dead or unreachable?)."""
-        return self.last_scrape is None or self.last_scrape.error is not None
-
-    async def _guard(self, wire: WireSource) -> Observation:
-        obs = wire.snapshot(self.clock())
-        self._remember(encode(obs))
-        return obs
-
-    async def _scrape(self) -> Observation:
-        probe = self.settings.probe
-        profile_path = self.profile.metrics_path
-        raw = await scrape(
-            self.session,
-            self.base_url + self.profile.metrics_path,
-            timeout_s=probe.scrape_timeout_s,
-            max_bytes=probe.max_scrape_bytes,
-            clock=self.clock,
-            access=self.access,
-        )
-        if self.detecting and raw.body is not None:
-            detail = self._detect(raw.body, raw.status or 0)
-            if detail is not None:  # not named yet: say so, try again next round
-                unnamed = replace(raw, body=None, error="no-engine-series", detail=detail)
-                self._remember(encode_scrape(unnamed))
-                self.last_scrape = ScrapeObs(
-                    raw.t, error="no-engine-series", detail=detail, status=raw.status
-                )
-                return self.last_scrape
-            if self.profile.metrics_path != profile_path:
-                return await self._scrape()  # e.g. trtllm-serve's Prometheus text lives elsewhere
-        obs = parse_scrape(raw, self.profile)
-        self.notices.notes(obs.notes)
-        if self.records:
-            if raw.body is not None:
-                # Traces keep only what the profile reads: a few KB instead of hundreds.
-                raw = replace(raw, body=filter_body(raw.body, self.profile.wanted_series()))
-            self._remember(encode_scrape(raw))
-        self.last_scrape = obs
-        return obs
-
-    def _adopt(self, profile: EngineProfile) -> None:
-        """What the detector must know of the engine (it never sees profiles)."""
-        if profile.metrics_in_engine_loop:
-            d = self.detector.settings
-            self.detector.settings = replace(d, metrics_from_engine_loop=True)
-        if profile.health_waits_on_engine and self.settings.probe.health:
-            # SGLang's /health runs a generation, TGI's asks every shard: polled every round it
-            # is a load of its own, holds the round while the engine hangs, and its failure
-            # means "hung or dead", not "dead". The canary covers it.
-            log.info("%s: %s's /health waits on the engine: not polled", self.target, profile.name)
-            self.settings = replace(self.settings, probe=replace(self.settings.probe, health=False))
-        self._remember_settings()
-
-    def _remember_settings(self) -> None:
-        """Into the trace: what the detector judges with from now on (replay uses the same)."""
-        name = "auto" if self.detecting else self.profile.name
-        self._remember(encode_settings(self.clock(), name, self.detector.settings))
-
-    def _detect(self, body: str, status: int) -> str | None:
-        """Fix the engine profile from a /metrics answer; the reason when it cannot."""
-        found = detect_profile(body, status)
-        if found.profile is None:
-            return found.message()
-        log.info("%s: %s", self.target, found.message())
-        self.profile, self.detecting = found.profile, False
-        self._adopt(found.profile)
-        self.canary.profile = self.procs.profile = found.profile
-        warn_blind_spots(self.settings, found.profile)
-        return None
-
-    async def _health(self) -> Observation:
-        url = self.base_url + self.profile.health_path
-        obs = await probe_health(
-            self.session, url, self.settings.probe.scrape_timeout_s, self.clock, self.access
-        )
-        self._remember(encode(obs))
-        return obs
-
-    async def _procs(self) -> Observation:
-        obs: ProcsObs = await asyncio.to_thread(self.procs.sample)
-        self._remember(encode(obs))
-        return obs
-
-    async def _gpu(self, gpu: GpuProbe) -> Observation | None:
-        obs = await asyncio.to_thread(gpu.sample)
-        if obs is not None:
-            self._remember(encode(obs))
-        return obs
-
-    def _canary_result(self) -> list[Observation]:
-        task = self._canary_task
-        if task is None or not task.done():
-            return []
-        self._canary_task = None
-        if task.cancelled() or self.notices.failed(task.exception()):
-            return []
-        # It may have ended while the last round's probes ran: judged now, after them, so that
-        # time never runs backwards for the detector (nor in the trace).
-        obs = replace(task.result(), t=max(task.result().t, self._fed_t))
-        self.notices.canary(obs, self.access.api_key is not None)
-        self._remember(encode(obs))
-        return [obs]
-
-    def _maybe_send_canary(self) -> None:
-        """Start a canary in the background when the detector is in doubt (one at a time)."""
-        if not self.settings.probe.canary or self._canary_task is not None:
-            return
-        if self.detector.canary_due(self.clock()) is not None:
-            self._canary_task = asyncio.create_task(self.canary.send(), name="canary")
-            self._canary_task.add_done_callback(lambda _: self.woken.set())
-
-    def _remember(self, rec: dict[str, Any]) -> None:
-        if self.records:
-            self.rounds_records.hold(rec)
-
-    def _publish(self) -> None:
-        self.rounds_records.publish()
+        self.judge.note_restart(detail, replaced)
 
 
-def _gpu_probe(settings: WatchSettings, given: GpuProbe | None) -> GpuProbe | None:
-    gpu = given if given is not None else (GpuProbe(load_nvml()) if settings.probe.gpu else None)
-    if gpu is not None and (reason := gpu.start()):
-        log.info("GPU probe off: %s", reason)
-        return None
-    return gpu
+def _drop(rec: dict[str, Any]) -> None:
+    """The record sink of a watcher that keeps no records (``check``)."""

@@ -135,7 +135,8 @@ async def serve(settings: SimSettings) -> int:
         access_log_format=ACCESS_LOG_FORMAT,
         shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S,
         # vLLM's completion and chat routes are @with_cancellation: a client that goes away
-        # aborts its request at once, even one waiting for its next token (FACTS.md).
+        # aborts its request at once, even one waiting for its next token (vLLM's
+        # @with_cancellation, vllm/entrypoints/utils.py).
         handler_cancellation=True,
     )
     await runner.setup()

@@ -17,7 +17,8 @@ from tests.deploy.tools import KUBERNETES_VERSION
 
 SIDECAR = "engine-watchdog"
 ENGINE = "vllm"
-# Pod Security Standards, Baseline: the only capabilities a container may add (FACTS.md).
+# Pod Security Standards, Baseline: the only capabilities a container may add
+# (kubernetes.io/docs/concepts/security/pod-security-standards).
 BASELINE_CAPS = {
     "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
     "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",

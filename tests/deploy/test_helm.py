@@ -45,8 +45,12 @@ def test_helm_lint_is_clean_in_strict_mode(name: str) -> None:
         ),
         ({"engine": {"container": {"name": "engine"}}}, 'engine.container.name must be "vllm"'),
         ({"inject": {"manifests": "kind: ConfigMap"}}, "set engine.enabled=false with it"),
+        (
+            {"guard": {"enabled": True, "drainSeconds": 55}},
+            "terminationGracePeriodSeconds must be >= guard.drainSeconds \\+ 10",
+        ),
     ],
-    ids=["podSecurity", "liveness-too-eager", "engine-name", "inject-and-engine"],
+    ids=["podSecurity", "liveness-too-eager", "engine-name", "inject-and-engine", "grace"],
 )
 def test_values_that_would_break_the_pod_are_refused(values: Obj, message: str) -> None:
     import helm_python as helm
@@ -224,3 +228,13 @@ def test_post_renderer_takes_statefulsets_and_honours_match_labels() -> None:
     rendering = m.Rendering("statefulset", "post-renderer", objs, m.Expect())
     for check in checks.ALL_CHECKS:
         check(rendering)
+
+
+def test_the_grace_period_covers_the_guard_s_drain() -> None:
+    """Issue 21, case 13: the drain budget reaches the sidecar, and the pod's grace covers it."""
+    objs = m.render_chart(m.CHART, {"guard": {"enabled": True, "drainSeconds": 25}})
+    config = [o for o in objs if o["kind"] == "ConfigMap" and "data" in o]
+    drains = [c["data"].get("ENGINE_WATCHDOG_GUARD_DRAIN_SECONDS") for c in config]
+    assert "25" in drains, drains
+    pods = [o["spec"]["template"]["spec"] for o in objs if o["kind"] == "Deployment"]
+    assert pods and all(p["terminationGracePeriodSeconds"] >= 25 + 10 for p in pods)

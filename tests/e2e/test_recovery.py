@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -45,6 +46,7 @@ import aiohttp
 import pytest
 
 from engine_watchdog.engines import VLLM
+from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.probes.canary import Canary
 from engine_watchdog.recovery.abort import abort_requests
 from engine_watchdog.sim.launcher import free_port
@@ -80,7 +82,14 @@ OPTS = WatchdogOptions(
     extra=("--guard-listen", f"127.0.0.1:{GUARD_PORT}", "--request-stall-seconds", str(STUCK_S)),
     engine_env=((STUCK_MARKER_ENV, "stuck"),),
 )
-HEALTHY_S = 120.0
+HEALTHY_S = 45.0
+"""Longer than the stall window (--stall-seconds, 30 s) and the request judge's 5 s: a healthy
+load that any of them misjudged would show here."""
+SAME_TEXT_SHARE = 0.95
+"""CPU kernels give a row slightly different numerics in a different batch, and a pair's two
+requests do not always land in the same engine step: about 1 pair in 300 here samples another
+token (2 of 546 in one CI run). The framing must be identical in every pair; the generated text
+in nearly all of them, so a guard that changed text would still fail."""
 FAST_STALL_S = 10.0  # the watchdog's --fast-stall-seconds default (a stopped process)
 VERDICT_SLACK_S = 5.0
 
@@ -93,6 +102,12 @@ def supervised(vllm_env: VllmEnv, tmp_path_factory: pytest.TempPathFactory) -> I
         yield sup
     finally:
         stop_supervised(sup)
+
+
+def without_text(events: list[bytes]) -> list[bytes]:
+    """The events with the generated text blanked too: what the guard relays, not what the
+    engine sampled."""
+    return [re.sub(rb'"text":"(?:[^"\\]|\\.)*"', b'"text":""', e) for e in normalised(events)]
 
 
 def report(recovery: Recovery) -> None:
@@ -156,11 +171,12 @@ async def test_healthy_load_takes_no_action_and_the_guard_changes_nothing(
     # The load is the pairs themselves: more streams beside them would change the batches the
     # two requests of a pair share, and with them the numerics (CPU kernels, temperature 0).
     pairs = await pairs_of(sup.base_url, GUARD, clients=3, seconds=HEALTHY_S)
-    different = [
-        (d.request_id, normalised(d.events)[:3], normalised(g.events)[:3])
+    framing = [
+        (d.request_id, without_text(d.events)[:3], without_text(g.events)[:3])
         for d, g in pairs
-        if normalised(d.events) != normalised(g.events)
+        if without_text(d.events) != without_text(g.events)
     ]
+    different = [d.request_id for d, g in pairs if normalised(d.events) != normalised(g.events)]
     failed = [s.error for pair in pairs for s in pair if not s.done or s.error is not None]
     line = f"healthy {HEALTHY_S:.0f} s: {2 * len(pairs)} completed, {len(failed)} failed"
     REPORT_LINES.append(f"{line}; through the guard: {len(different)} of {len(pairs)} differ")
@@ -169,7 +185,8 @@ async def test_healthy_load_takes_no_action_and_the_guard_changes_nothing(
     assert not stalls, stalls
     assert sup.actions() == []
     assert len(pairs) > 4 and failed == [], failed[:3]
-    assert different == [], different[:3]
+    assert framing == [], framing[:3]
+    assert len(different) <= (1 - SAME_TEXT_SHARE) * len(pairs), different
     assert await watchdog_metric(sup, "engine_watchdog_guard_stuck_requests_total") == 0
     aborted = "engine_watchdog_guard_aborted_requests_total"
     assert await watchdog_metric(sup, aborted, reason="stall") == 0
@@ -185,14 +202,15 @@ async def test_abort_rung_ends_the_canary_it_names(supervised: Supervised) -> No
     sup = supervised
     pids = sup.engine_core_pids()
     async with aiohttp.ClientSession() as session:
-        canary = Canary(session, sup.base_url, VLLM, timeout_s=20.0)
+        conn = EngineConnection.of(sup.base_url)
+        canary = Canary(session, conn, VLLM, timeout_s=20.0)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:
             sent = asyncio.create_task(canary.send())
             await wait_until(lambda: sorted(canary.pending) or None, 5.0)
             await asyncio.sleep(1.0)  # the request reaches vLLM's API server
-            done = await abort_requests(session, sup.base_url, VLLM, sorted(canary.pending))
+            done = await abort_requests(session, conn, VLLM, sorted(canary.pending))
             finished = await asyncio.wait({sent}, timeout=5.0)
         finally:
             for pid in pids:

@@ -9,7 +9,8 @@ Run from the repository root on a machine with NVIDIA GPUs, nvidia-ml-py, CuPy, 
 core dump variables; then GpuProbe samples, py-spy native stacks, the ``gpu`` capture step and
 the (destructive) ``cuda-coredump`` step with its cuda-gdb summary; then a process that computes
 and then sits idle holding its context, to check the other two classifications.
-``nccl`` (2 GPUs): rank 0 in an all_reduce that rank 1 never joins (FACTS.md's recipe), with the
+``nccl`` (2 GPUs): rank 0 in an all_reduce that rank 1 never joins (the NCCL recipe of
+docs/gpu-verification.md), with the
 flight recorder on; the same captures plus the ``flight-recorder`` step, then both ranks dumped.
 Every wait is bounded and every child is killed at the end.
 """
@@ -40,14 +41,15 @@ from engine_watchdog.core.gpu_class import classify_gpu
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 
-CORE_ENV = {  # FACTS.md, GPU section
+CORE_ENV = {  # CUDA's user-triggered core dump (cuda-gdb docs)
     "CUDA_ENABLE_USER_TRIGGERED_COREDUMP": "1",
     "CUDA_COREDUMP_PIPE": "/tmp/cuda_pipe_%p",
     "CUDA_COREDUMP_FILE": "/tmp/cuda_core_%p.nvcudmp",
     "CUDA_COREDUMP_GENERATION_FLAGS": "skip_nonrelocated_elf_images,skip_global_memory,"
     "skip_shared_memory,skip_local_memory,skip_constbank_memory",
 }
-FLIGHT_RECORDER_ENV = {  # PyTorch's flight recorder, dumped through its pipe (FACTS.md)
+# PyTorch's flight recorder, dumped through its pipe (torch/csrc/distributed/c10d/FlightRecorder)
+FLIGHT_RECORDER_ENV = {
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
     "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/nccl_pipe_",
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/tmp/nccl_trace_rank_",

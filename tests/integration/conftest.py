@@ -73,8 +73,9 @@ async def stub_engine() -> AsyncIterator[StubFactory]:
         routes: dict[str, Route] | None = None,
         api_key: str | None = None,
         tls: ssl.SSLContext | None = None,
+        basic: str | None = None,
     ) -> StubEngine:
-        stub = StubEngine(routes=dict(routes or {}), api_key=api_key)
+        stub = StubEngine(routes=dict(routes or {}), api_key=api_key, basic=basic)
         stubs.append(stub)
         return await stub.start(tls)
 

@@ -20,6 +20,7 @@ from engine_watchdog.core.model import Result
 from engine_watchdog.core.settings import Secret
 from engine_watchdog.engines import VLLM
 from engine_watchdog.net.access import Access
+from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.recovery.abort import abort_requests
 from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.integration.conftest import SimFactory, SimHttp
@@ -137,10 +138,9 @@ async def test_the_abort_rung_sends_the_key_where_the_engine_guards_its_abort(
     rung got 401 and the ladder went on to a restart for nothing."""
     sim = await sim_factory("--enable-scale-out", env=SIM_ENV)
     async with aiohttp.ClientSession() as session:
-        keyless = await abort_requests(session, sim.url, VLLM, ["canary-1"])
-        keyed = await abort_requests(
-            session, sim.url, VLLM, ["canary-1"], access=Access(api_key=Secret(KEY))
-        )
+        keyless = await abort_requests(session, EngineConnection.of(sim.url), VLLM, ["canary-1"])
+        keyed_conn = EngineConnection.of(sim.url, Access(api_key=Secret(KEY)))
+        keyed = await abort_requests(session, keyed_conn, VLLM, ["canary-1"])
     assert keyless.result is Result.NOT_AVAILABLE and "401" in keyless.detail, keyless
     assert keyed.result is Result.OK, keyed
     assert KEY not in keyed.detail + keyless.detail

@@ -19,8 +19,8 @@ import pytest
 from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bundle
 from engine_watchdog.capture.pyspy import pyspy_step
 from engine_watchdog.capture.step import CaptureContext, StepResult
-from engine_watchdog.capture.tools import resolve_tools, write_private
 from engine_watchdog.core.settings import CaptureSettings
+from engine_watchdog.host.tools import resolve_tools, write_private
 from engine_watchdog.probes.pidns import read_ns_pid
 from engine_watchdog.probes.procs import sample_procs
 from tests.tools.cli import run_cli_sync

@@ -13,9 +13,9 @@ import pytest
 
 from engine_watchdog.capture.bundle import BundleSettings, write_bundle
 from engine_watchdog.capture.pyspy import pyspy_step
-from engine_watchdog.capture.tools import resolve_tools
 from engine_watchdog.core.model import State, Verdict
 from engine_watchdog.core.settings import CaptureSettings
+from engine_watchdog.host.tools import resolve_tools
 from engine_watchdog.probes.procs import sample_procs_async
 
 pytestmark = pytest.mark.skipif(not resolve_tools().get("py-spy"), reason="py-spy not installed")

@@ -105,3 +105,34 @@ async def test_bad_signature_files_and_bundles_are_one_line_errors(tmp_path: Pat
         ran = await run_cli(*args, timeout=60)
         assert ran.code == 64, (args, ran)
         assert len(ran.err.strip().splitlines()) == 1 and "Traceback" not in ran.err, ran.err
+
+
+FIXTURE_BUNDLE = Path(__file__).parents[1] / "data/hangs/no-match-sigstop-cpu"
+
+
+async def test_explain_and_report_on_a_folder_that_is_no_bundle_exit_65(tmp_path: Path) -> None:
+    """Issue 21 case 9: ``explain`` of a folder that is no bundle exited 0 with "nothing
+    matches". Now exit 65 and one line that says it is not a bundle and what one has."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "engine.log").write_text("INFO some log\n")
+    (stray / "summary.md").write_text("# not from the watchdog\n")
+    incidents = tmp_path / "incidents"  # the incident directory given instead of one bundle
+    bundle = incidents / "20261202T000000Z-vllm-no-progress"
+    bundle.mkdir(parents=True)
+    for f in FIXTURE_BUNDLE.iterdir():
+        if f.is_file():
+            (bundle / f.name).write_bytes(f.read_bytes())
+    for command in ("explain", "report"):
+        for folder in (empty, stray, incidents):
+            ran = await run_cli(command, str(folder), timeout=60)
+            assert ran.code == 65, (command, folder, ran)
+            (line,) = ran.err.strip().splitlines()
+            assert "is not an incident bundle: a bundle directory has a manifest.json" in line
+            assert "Traceback" not in ran.err and "nothing" not in ran.out + ran.err
+        assert f"give one, e.g. {bundle}" in line  # the incident directory: names a bundle in it
+        assert not (empty / "report.md").exists() and not (stray / "report.md").exists()
+    ran = await run_cli("explain", str(bundle), timeout=60)  # the real bundle inside: read
+    assert ran.code == 0, ran

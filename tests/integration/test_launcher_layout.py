@@ -21,10 +21,10 @@ import pytest
 
 from engine_watchdog.capture.bundle import BundleSettings, write_bundle
 from engine_watchdog.capture.pyspy import pyspy_step
-from engine_watchdog.capture.tools import resolve_tools
 from engine_watchdog.core.model import State, Verdict
 from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.engines import TGI
+from engine_watchdog.host.tools import resolve_tools
 from engine_watchdog.probes.procs import sample_procs_async
 from engine_watchdog.sim.launcher import free_port
 from tests.waiting import eventually

@@ -53,11 +53,17 @@ async def run_cli(*args: str, timeout: float = 120.0, env: dict[str, str] | None
     return Ran(proc.returncode, out.decode(), err.decode(), time.monotonic() - started)
 
 
-def run_cli_sync(*args: str, timeout: float = 120.0, env: dict[str, str] | None = None) -> Ran:
-    """The same, for tests that are not async."""
+def run_cli_sync(
+    *args: str,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+) -> Ran:
+    """The same, for tests that are not async; ``prefix`` runs the script under another
+    program (``setpriv --reuid=...``: as another user)."""
     started = time.monotonic()
     with subprocess.Popen(
-        [str(CONSOLE_SCRIPT), *args],
+        [*prefix, str(CONSOLE_SCRIPT), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,

@@ -59,7 +59,7 @@ from engine_watchdog.runtime.recording import TraceWriter
 from engine_watchdog.runtime.replay import replay, replay_document
 from engine_watchdog.runtime.runner import probe_loop
 from engine_watchdog.runtime.trace import encode, encode_scrape
-from engine_watchdog.runtime.watcher import Watcher
+from engine_watchdog.runtime.watcher import Watcher, WireSource
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
 
@@ -147,18 +147,16 @@ class Session:
         await sim.start()
         return sim
 
-    def watch(self, url: str, **probe: Any) -> Watcher:
-        """Start probing ``url`` every second, recording every observation."""
+    def watch(self, url: str, wire: WireSource | None = None, **probe: Any) -> Watcher:
+        """Start probing ``url`` every second, recording every observation (``wire``: a guard
+        in front of it, probed too)."""
         assert self.http is not None and self._writer is not None
         settings = WatchSettings(
             url=url,
             probe=replace(self.scenario.probe, **probe),
             detector=self.scenario.detector,
-            listen=None,
         )
-        watcher = Watcher(settings, self.http)
-        watcher.listeners.append(self._writer.write)
-        watcher.listeners.append(self._echo)
+        watcher = Watcher(settings, self.http, wire=wire, sinks=(self._writer.write, self._echo))
         self.watcher = watcher
         loop = probe_loop(watcher, [self])
         self._tasks.append(asyncio.create_task(loop, name="probe-loop"))

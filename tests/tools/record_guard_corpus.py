@@ -50,11 +50,10 @@ async def guarded(
     """A simulator with a guard in front, watched, streaming clients through the guard, 15 s of
     healthy progress recorded."""
     sim = await s.sim(*args)
-    watcher = s.watch(sim.url)
     guard = Guard(GuardSettings(), upstream(sim.url))
     await guard.start("127.0.0.1", 0)
     s.cleanup(guard.stop)
-    watcher.wire = guard
+    s.watch(sim.url, wire=guard)
     url = f"http://127.0.0.1:{guard.port}"
     streaming = None
     if clients:

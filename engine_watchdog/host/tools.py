@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_watchdog.capture.pdeathsig import wrap
+from engine_watchdog.host.pdeathsig import wrap
 
 TOOL_NAMES = ("py-spy", "cuda-gdb")
 
@@ -72,7 +72,7 @@ class Completed:
 
 async def run_bounded(argv: Sequence[str], timeout_s: float) -> Completed:
     """Run ``argv`` with a wall-clock bound; kill its process group on timeout or cancellation,
-    and let the kernel kill it when the watchdog dies (capture/pdeathsig.py): a py-spy left
+    and let the kernel kill it when the watchdog dies (host/pdeathsig.py): a py-spy left
     attached to the engine by a killed watchdog must not run on.
 
     Raises OSError when the program cannot be started (missing, not executable).
