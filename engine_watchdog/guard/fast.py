@@ -91,7 +91,10 @@ class Client:
         if self.note is not None:
             self.note(self.ex, piece, now)
         self.transport.write(frame(piece) if self.framed else piece)
-        self.ex.waiting_since = now  # waiting on the engine again
+        if self.ex.waiting_since is None:  # (only after the client held it: see Relay)
+            self.ex.waiting_since = now
+        # else unchanged: bytes without a token (keepalives, empty deltas) are no progress, and
+        # the guard has been waiting on the engine for a token all along (case 2)
         return self.transport.get_write_buffer_size() > self.high
 
 
