@@ -96,8 +96,7 @@ async def assemble(
     into a part after it is built."""
     await asyncio.to_thread(check_pids, settings)
     bus = Channels()
-    # Once: watcher, probes, canary, abort and the guard take this one.
-    connection = connection_for(settings)
+    connection = connection_for(settings)  # once: watcher, probes, canary, abort, guard
     # First: a taken port is said before anything else starts.
     guard = await _guard(settings, connection, guard_listen, metrics) if guard_listen else None
     writer = TraceWriter(settings.record) if settings.record else None
