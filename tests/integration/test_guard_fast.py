@@ -232,7 +232,8 @@ async def test_a_slow_reader_pauses_its_engine_connection() -> None:
 
     rss = psutil.Process().memory_info().rss
     async with served(firehose) as engine, guarded(engine) as (guard, url):
-        reading = asyncio.create_task(slow_reader(url, BODY, pause_s=3.0))
+        # 64 MiB through an unscaled window: 37-55 s on an idle 2-core machine, more under load
+        reading = asyncio.create_task(slow_reader(url, BODY, pause_s=3.0, read_s=150.0))
         await asyncio.sleep(1.5)
         held = written[0]
         (ex,) = guard.open.values()

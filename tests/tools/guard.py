@@ -261,7 +261,9 @@ async def served(
         await runner.cleanup()
 
 
-async def slow_reader(url: str, body: dict[str, Any], pause_s: float) -> bytes:
+async def slow_reader(
+    url: str, body: dict[str, Any], pause_s: float, read_s: float = 60.0
+) -> bytes:
     """A raw client with a small receive buffer that reads a little, stops reading for
     ``pause_s``, then reads to the end."""
     host, port = url.removeprefix("http://").split(":")
@@ -280,7 +282,7 @@ async def slow_reader(url: str, body: dict[str, Any], pause_s: float) -> bytes:
     data = await loop.sock_recv(sock, 1024)
     await asyncio.sleep(pause_s)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # now read it all, quickly
-    async with asyncio.timeout(60):
+    async with asyncio.timeout(read_s):
         while chunk := await loop.sock_recv(sock, 65536):
             data += chunk
     sock.close()
