@@ -219,12 +219,6 @@ GUARD = OptionGroup(
         int,
     ),
     Opt(
-        "--guard-fast-path/--no-guard-fast-path",
-        "fast_path",
-        "Pass streams from the engine connection's callback (the default); --no-guard-fast-"
-        "path: through aiohttp's client and server streams, as every other request.",
-    ),
-    Opt(
         "--guard-drain-seconds",
         "drain_s",
         "On SIGTERM: let moving streams finish this long (new requests get 503), then end "

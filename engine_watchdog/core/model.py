@@ -222,8 +222,9 @@ class RestartObs:
 @dataclass(frozen=True)
 class QuietStream:
     """A stream through the guard that has been quiet a while (guard/, docs/guard.md): the
-    times are when it started, got its first and its last SSE event, and since when the guard
-    has been waiting on the engine for more (None while it waits on the client instead)."""
+    times are when it started, got its first and its last token event, and since when the guard
+    has been waiting on the engine for more (None while it waits on the client instead).
+    ``request_id`` is the guard's own id of the stream; ``label`` the client's X-Request-Id."""
 
     request_id: str
     started_t: float
@@ -233,6 +234,7 @@ class QuietStream:
     waiting_since: float | None
     """When the guard last asked the engine for more of this stream; None: the guard is blocked
     writing to the client (a slow reader holds its own stream back)."""
+    label: str = ""
 
 
 @dataclass(frozen=True)

@@ -202,9 +202,6 @@ class GuardSettings:
     connect_timeout_s: float = 10.0
     """Bound on connecting to the engine (nothing else of a request is bounded by time: the
     detector and the request judge decide when a silence is too long)."""
-    fast_path: bool = True
-    """Pass streams from the engine connection's callback (guard/fast.py) rather than through
-    aiohttp's client and server streams (docs/guard.md, "The fast path")."""
     drain_s: float = 20.0
     """On SIGTERM: how long streams already moving may go on to their end while new requests
     are refused (503); the rest are then ended with the error event. Keep it under the pod's

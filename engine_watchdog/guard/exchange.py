@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -18,14 +17,12 @@ HOP_BY_HOP = frozenset(
 """RFC 9110 7.6.1: meaningful for one connection only, never forwarded."""
 NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}
 """Request headers the guard sets itself (the body is read whole before it is sent on)."""
-SKIP_AUTO = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
-"""Headers aiohttp would add on its own: a request carries only what its client sent."""
 QUIET_S = 1.0
 """Streams quiet this long are listed one by one in the observation (the rest are counted)."""
 
 
 class Closable(Protocol):
-    """A request's connection to the engine (aiohttp's response, or the fast path's)."""
+    """A request's connection to the engine (guard/fast.py)."""
 
     def close(self) -> None: ...
 
@@ -36,12 +33,14 @@ class Exchange:
     __slots__ = (
         "detail",
         "ending",
+        "engine_id",
         "events",
         "first_event_t",
-        "last_chunk",
+        "key",
+        "label",
         "last_event_t",
+        "pending",
         "pump",
-        "request_id",
         "response",
         "sse",
         "started_t",
@@ -49,15 +48,22 @@ class Exchange:
         "waiting_since",
     )
 
-    def __init__(self, request_id: str, started_t: float) -> None:
-        self.request_id = request_id
+    def __init__(self, key: str, label: str, started_t: float) -> None:
+        self.key = key
+        """The guard's own id of this request: what the judge names and the supervisor ends."""
+        self.label = label
+        """The client's X-Request-Id, if it sent one: only a label (two clients may share it)."""
+        self.engine_id = ""
+        """The engine's id of the request, from its first token event (for the log)."""
         self.started_t = started_t
         self.first_event_t: float | None = None
         self.last_event_t: float | None = None
         self.waiting_since: float | None = started_t
         self.events = 0
+        """Events that carried generated content (guard/tokens.py)."""
         self.sse = False
-        self.last_chunk = b""
+        self.pending = b""
+        """The stream's unfinished event (guard/tokens.py): empty on an event boundary."""
         self.ending: Ending | None = None
         self.detail = ""
         self.pump: asyncio.Task[web.StreamResponse] | None = None
@@ -69,9 +75,5 @@ def forwarded(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in NOT_FORWARDED)
 
 
-def returned(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def returned(headers: CIMultiDict[str] | CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
-
-
-class DummyJar(aiohttp.DummyCookieJar):
-    """No cookies kept between clients: each request carries only its own."""

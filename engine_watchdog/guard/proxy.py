@@ -1,16 +1,18 @@
 """The guard's proxy: every request to the engine passes through, byte for byte; each stream's
-progress is noted on the way (only its SSE framing is read), and the streams the supervisor
-says are ended with an error in vLLM's own shape.
+progress is noted on the way (only its SSE framing and its tokens are read, guard/tokens.py),
+and the streams the supervisor says are ended with an error in vLLM's own shape.
 
 Transparent: every method and path, status, reason, headers (less the hop-by-hop ones) and
-bodies as they are (``auto_decompress`` off: compressed bodies stay compressed); streams are
-written to the client chunk by chunk as they come, and a client that reads slowly stops the
-guard reading from the engine (back-pressure). A client that goes away closes its upstream
-connection, which vLLM takes as an abort (``@with_cancellation``, vllm/entrypoints/utils.py).
+bodies as they are (never decompressed); the guard adds no header and no credential of its own,
+so a client without credentials meets the engine's own 401. Streams are written to the client
+piece by piece as they come (guard/fast.py, the one data path), and a client that reads slowly
+stops the guard reading from the engine (back-pressure). A client that goes away closes its
+engine connection, which vLLM takes as an abort (``@with_cancellation``, vllm/entrypoints/utils.py).
 
 Nothing on the path of the bytes waits on a judgement: the request judge reads snapshots
 (:meth:`Guard.snapshot`) between chunks, and the supervisor's decisions arrive as task
-cancellations (:meth:`Guard.end`, :meth:`Guard.end_all`).
+cancellations (:meth:`Guard.end`, :meth:`Guard.end_all`). Open requests are keyed by the
+guard's own id: a client's X-Request-Id is only a label, so no client can name another's.
 """
 
 from __future__ import annotations
@@ -21,30 +23,21 @@ import itertools
 import logging
 import resource
 import time
-import uuid
 from bisect import bisect_left
 from collections.abc import Callable
 
-import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
-from yarl import URL
 
 from engine_watchdog.core.model import GuardObs, QuietStream
 from engine_watchdog.core.settings import GuardSettings
 from engine_watchdog.core.wire import GAP_BOUNDS
+from engine_watchdog.guard import tokens
 from engine_watchdog.guard.conns import Connections
 from engine_watchdog.guard.errors import Ending, json_error, sse_error
-from engine_watchdog.guard.exchange import (
-    QUIET_S,
-    SKIP_AUTO,
-    DummyJar,
-    Exchange,
-    forwarded,
-    returned,
-)
-from engine_watchdog.guard.fast import FastPath, NotListening, Target, UpstreamError, wants_stream
+from engine_watchdog.guard.exchange import QUIET_S, Exchange, forwarded
+from engine_watchdog.guard.fast import NotListening, Relay, UpstreamError
 from engine_watchdog.guard.stats import GuardStats
+from engine_watchdog.net.connection import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +51,16 @@ class Guard:
     def __init__(
         self,
         settings: GuardSettings,
-        upstream: str,
+        upstream: Upstream,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``upstream``: the engine's address and TLS (net/connection.py), never a credential."""
         self.settings = settings
-        self.upstream = upstream.rstrip("/")
+        self.upstream = upstream
         self.clock = clock
         self.stats = GuardStats()
-        self.open: dict[int, Exchange] = {}
+        self.open: dict[str, Exchange] = {}
+        """The requests in flight, by the guard's own id."""
         self.refusal: str | None = None
         """While set, new requests are answered 503 with this message."""
         self.stopping: str | None = None
@@ -76,25 +71,15 @@ class Guard:
         self._server: asyncio.Server | None = None
         self.last_event_t: float | None = None
         self._serial = itertools.count()
-        self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._seen = (0, 0, [0] * (len(GAP_BOUNDS) + 1))
         self.port = 0
-        target = Target.of(self.upstream) if settings.fast_path else None
-        self._fast = (
-            FastPath(target, self.note, clock, settings.connect_timeout_s) if target else None
-        )
-        """Streams to a plain http:// engine take the fast path (guard/fast.py)."""
+        self._relay = Relay(upstream, self.note, clock, settings.connect_timeout_s)
 
     # -- life -----------------------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> None:
         raise_open_files_limit()
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s)
-        connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=DummyJar()
-        )
         app = web.Application(
             client_max_size=self.settings.max_body_bytes, middlewares=[self.conns.middleware]
         )
@@ -109,16 +94,16 @@ class Guard:
         sockets = self._server.sockets
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop or asyncio
+        up = self.upstream
+        engine = f"{up.scheme}://{up.authority}{up.base_path}"  # (no credential: none is here)
         log.info("guard on http://%s:%d in front of %s (event loop: %s)", host, self.port,
-                 self.upstream, loop)  # fmt: skip
+                 engine, loop)  # fmt: skip
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
 
     # -- the supervisor's orders -----------------------------------------------------------
 
@@ -132,12 +117,11 @@ class Guard:
     def count_stuck(self) -> None:
         self.stats.stuck += 1
 
-    def end(self, request_id: str, message: str) -> bool:
-        """End one stuck request on both sides; False when it is not (or no longer) here."""
-        for ex in list(self.open.values()):
-            if ex.request_id == request_id:
-                return self._end(ex, Ending.STUCK, message)
-        return False
+    def end(self, key: str, message: str) -> bool:
+        """End one stuck request on both sides, named by the guard's own id (the judge's);
+        False when it is not (or no longer) here."""
+        ex = self.open.get(key)
+        return ex is not None and self._end(ex, Ending.STUCK, message)
 
     def stop_admitting(self, message: str) -> None:
         """From now on every new request gets 503 with ``message`` (the guard drains)."""
@@ -175,12 +159,13 @@ class Guard:
             if t - ex.last_event_t >= QUIET_S:
                 quiet.append(
                     QuietStream(
-                        ex.request_id,
+                        ex.key,
                         ex.started_t,
                         ex.first_event_t,
                         ex.last_event_t,
                         ex.events,
                         ex.waiting_since,
+                        ex.label,
                     )
                 )
         return GuardObs(
@@ -207,17 +192,12 @@ class Guard:
             limit = self.settings.max_body_bytes
             return json_error(f"request body over {limit} bytes", 413, "BadRequestError")
         headers = forwarded(request.headers)
-        request_id = headers.get("X-Request-Id") or uuid.uuid4().hex
-        headers["X-Request-Id"] = request_id
-        ex = Exchange(request_id, self.clock())
-        key = next(self._serial)
+        key = f"g{next(self._serial)}"
+        ex = Exchange(key, request.headers.get("X-Request-Id", ""), self.clock())
         self.open[key] = ex
         outcome = "client-gone"
         try:
-            pump = self._pump
-            if self._fast is not None and wants_stream(request, body):
-                pump = self._fast.pump
-            ex.pump = asyncio.ensure_future(pump(request, ex, headers, body))
+            ex.pump = asyncio.ensure_future(self._relay.pump(request, ex, headers, body))
             try:
                 response = await ex.pump
                 outcome = "completed"
@@ -229,7 +209,7 @@ class Guard:
                 return await self._answer(request, ex)
             except ConnectionResetError:  # writing to a client that left (aiohttp's own too)
                 return ex.response or web.Response(status=499)
-            except (aiohttp.ClientError, UpstreamError) as exc:
+            except UpstreamError as exc:
                 outcome = "upstream-error"
                 return self._upstream_failed(request, ex, exc)
         finally:
@@ -238,55 +218,17 @@ class Guard:
                 ex.pump.cancel()
             self.stats.end(outcome)
 
-    async def _pump(
-        self, request: web.Request, ex: Exchange, headers: CIMultiDict[str], body: bytes
-    ) -> web.StreamResponse:
-        assert self._session is not None
-        url = URL(self.upstream + request.raw_path, encoded=True)
-        async with self._session.request(
-            request.method,
-            url,
-            headers=headers,
-            data=body if request.body_exists else None,
-            allow_redirects=False,
-            skip_auto_headers=SKIP_AUTO,
-        ) as up:
-            ex.upstream = up
-            resp = web.StreamResponse(status=up.status, reason=up.reason)
-            resp.headers.extend(returned(up.headers))
-            ex.sse = up.headers.get("Content-Type", "").startswith("text/event-stream")
-            await resp.prepare(request)
-            ex.response = resp
-            if ex.sse:
-                await self._stream(up, resp, ex)
-            else:
-                async for chunk in up.content.iter_any():
-                    await resp.write(chunk)
-            await resp.write_eof()
-            return resp
-
-    async def _stream(
-        self, up: aiohttp.ClientResponse, resp: web.StreamResponse, ex: Exchange
-    ) -> None:
-        """A stream on the aiohttp path: per chunk, note it, pass it on."""
-        clock = self.clock
-        ex.waiting_since = clock()
-        async for chunk in up.content.iter_any():
-            self.note(ex, chunk, clock())
-            ex.waiting_since = None  # on the client now: a slow reader holds its own stream
-            await resp.write(chunk)
-            ex.waiting_since = clock()
-
     def note(self, ex: Exchange, chunk: bytes, now: float) -> None:
-        """The hot path of both paths: count the events a chunk of an SSE stream ends (at a
-        blank line, also one split across chunks) and time them (first event, gaps)."""
-        n = chunk.count(b"\n\n") + (ex.last_chunk[-1:] == b"\n" and chunk[:1] == b"\n")
-        ex.last_chunk = chunk
+        """The hot path: count the events a piece of an SSE stream ends that carry tokens (the
+        others, keepalives and empty deltas, are no progress: guard/tokens.py) and time them
+        (first token, gaps): the gap histogram and the request judge see the same events."""
+        n, ex.pending = tokens.count(ex.pending, chunk)
         if not n:
             return
         stats, last = self.stats, ex.last_event_t
         if last is None:
             ex.first_event_t = now
+            ex.engine_id = tokens.engine_id(chunk)
             first = stats.first_event
             first.counts[bisect_left(first.bounds, now - ex.started_t)] += 1
             first.total += now - ex.started_t
@@ -301,11 +243,13 @@ class Guard:
         """The error in the engine's place: an error event and [DONE] in a stream, a JSON
         error before one started; a plain body under way can only be cut."""
         resp = ex.response
-        log.warning("guard: ended request %s: %s", ex.request_id, ex.detail)
+        names = f" (X-Request-Id {ex.label!r})" if ex.label else ""
+        names += f" (engine id {ex.engine_id})" if ex.engine_id else ""
+        log.warning("guard: ended request %s%s: %s", ex.key, names, ex.detail)
         if resp is None:
             return json_error(ex.detail, retry_after=self.settings.retry_after_s)
         if ex.sse:
-            complete = ex.last_chunk.endswith(b"\n\n") or not ex.last_chunk
+            complete = not ex.pending
             with contextlib.suppress(ConnectionResetError, RuntimeError):
                 await resp.write(sse_error(ex.detail, complete))
                 await resp.write_eof()
@@ -316,9 +260,9 @@ class Guard:
         return resp
 
     def _upstream_failed(
-        self, request: web.Request, ex: Exchange, exc: aiohttp.ClientError | UpstreamError
+        self, request: web.Request, ex: Exchange, exc: UpstreamError
     ) -> web.StreamResponse:
-        if ex.response is None and isinstance(exc, aiohttp.ClientConnectorError | NotListening):
+        if ex.response is None and isinstance(exc, NotListening):
             # Nothing listens (a restart, a crash): what the 503 gate answers, at once.
             message = "engine-watchdog: the engine is not listening; retry later or elsewhere"
             return json_error(message, retry_after=self.settings.retry_after_s)

@@ -96,10 +96,10 @@ async def assemble(
     into a part after it is built."""
     await asyncio.to_thread(check_pids, settings)
     bus = Channels()
+    connection = connection_for(settings)  # once: watcher, probes, canary, abort, guard
     # First: a taken port is said before anything else starts.
-    guard = await _guard(settings, guard_listen, metrics) if guard_listen else None
+    guard = await _guard(settings, connection, guard_listen, metrics) if guard_listen else None
     writer = TraceWriter(settings.record) if settings.record else None
-    connection = connection_for(settings)  # once: watcher, probes, canary, abort take this one
     watcher = Watcher(
         settings,
         session,
@@ -149,9 +149,13 @@ def _pushers(
     return pushers
 
 
-async def _guard(settings: WatchSettings, listen: str, metrics: WatchdogMetrics) -> Guard:
+async def _guard(
+    settings: WatchSettings, connection: EngineConnection, listen: str, metrics: WatchdogMetrics
+) -> Guard:
     """The guard in front of the engine, listening: the watcher's probe."""
-    guard = Guard(settings.guard, settings.url)
+    # The real address and TLS trust of the one connection, never the display URL; the guard
+    # gets no credential (a client without any meets the engine's own 401).
+    guard = Guard(settings.guard, connection.upstream())
     try:
         await guard.start(*parse_listen(listen, "--guard-listen"))
     except OSError as exc:

@@ -125,6 +125,7 @@ def encode_guard(obs: GuardObs) -> dict[str, Any]:
             "last_event_t": q.last_event_t,
             "events": q.events,
             "waiting_since": q.waiting_since,
+            "label": q.label,
         }
         for q in obs.quiet
     ]
@@ -140,6 +141,7 @@ def decode_guard(t: float, rec: dict[str, Any]) -> GuardObs:
             last_event_t=_num(q.get("last_event_t")),
             events=int(q.get("events", 0)),
             waiting_since=_num(q.get("waiting_since")),
+            label=str(q.get("label", "")),
         )
         for q in rec.get("quiet", ())
     )

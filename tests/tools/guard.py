@@ -18,9 +18,15 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from engine_watchdog.net.connection import EngineConnection, Upstream
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from tests.tools.cli import CONSOLE_SCRIPT
 from tests.tools.watch import metric
+
+
+def upstream(url: str) -> Upstream:
+    """The guard's side of an engine URL, as the watchdog builds it (net/connection.py)."""
+    return EngineConnection.of(url).upstream()
 
 
 @dataclass
@@ -227,7 +233,7 @@ async def sse_server() -> AsyncIterator[str]:
         spec = await request.json()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        event = b"data: " + b"x" * int(spec["size"]) + b"\n\n"
+        event = b'data: {"text":"' + b"x" * int(spec["size"]) + b'"}\n\n'  # a token each
         for _ in range(int(spec["events"])):
             await resp.write(event)
             await asyncio.sleep(float(spec["interval"]))
@@ -255,7 +261,9 @@ async def served(
         await runner.cleanup()
 
 
-async def slow_reader(url: str, body: dict[str, Any], pause_s: float) -> bytes:
+async def slow_reader(
+    url: str, body: dict[str, Any], pause_s: float, read_s: float = 60.0
+) -> bytes:
     """A raw client with a small receive buffer that reads a little, stops reading for
     ``pause_s``, then reads to the end."""
     host, port = url.removeprefix("http://").split(":")
@@ -274,7 +282,7 @@ async def slow_reader(url: str, body: dict[str, Any], pause_s: float) -> bytes:
     data = await loop.sock_recv(sock, 1024)
     await asyncio.sleep(pause_s)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # now read it all, quickly
-    async with asyncio.timeout(60):
+    async with asyncio.timeout(read_s):
         while chunk := await loop.sock_recv(sock, 65536):
             data += chunk
     sock.close()

@@ -28,6 +28,7 @@ from engine_watchdog.core.settings import GuardSettings  # noqa: E402
 from engine_watchdog.guard.proxy import Guard  # noqa: E402
 from engine_watchdog.sim.launcher import SimProcess  # noqa: E402
 from engine_watchdog.sim.loadgen import StreamingLoad  # noqa: E402
+from tests.tools.guard import upstream  # noqa: E402
 from tests.tools.record_corpus import (  # noqa: E402
     SIM_MODEL,
     TRACES,
@@ -49,7 +50,7 @@ async def guarded(
     """A simulator with a guard in front, watched, streaming clients through the guard, 15 s of
     healthy progress recorded."""
     sim = await s.sim(*args)
-    guard = Guard(GuardSettings(), sim.url)
+    guard = Guard(GuardSettings(), upstream(sim.url))
     await guard.start("127.0.0.1", 0)
     s.cleanup(guard.stop)
     s.watch(sim.url, wire=guard)

@@ -1,0 +1,81 @@
+"""Issue 21, cases 2 and 12, through the installed console script: ``watch URL --guard-listen``
+in front of a real loopback engine (tests/tools/token_engine.py).
+
+- 2: progress is tokens. A stream that sent one token and then only ``: keepalive`` comments
+  (or only chunks without a token: empty deltas, role-only, usage-only) is judged stuck and
+  ended with the error event while another stream on the same engine moves; that one's tokens
+  come in every shape (completions ``text``, chat ``delta.content``, ``reasoning_content``,
+  tool-call ``arguments``) and all count. /metrics shows that the gap histogram saw the same
+  events as the judge: only the tokens.
+- 12: two clients send the same ``X-Request-Id``, one healthy and one stuck: the stuck one is
+  ended, the healthy one completes untouched, and the engine-side abort (its connection closed)
+  hits the stuck request only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from tests.tools.guard import GuardProcess, Stream, start_guard, stop_guard, stream
+from tests.tools.token_engine import TokenEngine, token_engine
+from tests.tools.watch import metric
+
+STUCK_S = 2.0
+MOVING = 80
+"""Token events of the moving stream, 0.1 s apart: 8 s, well past STUCK_S and a judge round."""
+ARGS = ("--request-stall-seconds", str(STUCK_S), "--no-canary")
+
+
+async def _pair(
+    guard: GuardProcess, stuck: dict[str, object], ids: tuple[str, str]
+) -> tuple[Stream, Stream]:
+    """The stuck stream and the moving one, side by side through the guard."""
+    moving = {"mode": "moving", "events": MOVING, "tag": "moving"}
+    async with aiohttp.ClientSession() as s:
+        return await asyncio.gather(
+            stream(s, guard.guard_url, stuck | {"tag": "stuck"}, ids[0], timeout=60),
+            stream(s, guard.guard_url, moving, ids[1], timeout=60),
+        )
+
+
+async def _guarded(engine: TokenEngine) -> GuardProcess:
+    return await start_guard("watch", engine.url, *ARGS)
+
+
+@pytest.mark.parametrize("mode", ["keepalive", "empty"])
+async def test_a_stream_without_tokens_is_stuck_while_another_moves(mode: str) -> None:
+    async with token_engine() as engine:
+        guard = await _guarded(engine)
+        try:
+            stuck, moving = await _pair(guard, {"mode": mode}, ("quiet-1", "moving-1"))
+            text = await guard.metrics()
+        finally:
+            await stop_guard(guard)
+    # was: every keepalive (or empty chunk) counted as progress, the stream never stuck
+    assert stuck.error is not None, stuck.events
+    assert stuck.done, "the error event is followed by [DONE]"
+    assert moving.done and moving.error is None and moving.tokens == MOVING
+    assert metric(text, "engine_watchdog_guard_stuck_requests_total") == 1
+    # the judge and the histogram count the same events: tokens only (1 + MOVING)
+    assert metric(text, "engine_watchdog_guard_events_total") == 1 + MOVING
+    gaps = metric(text, "engine_watchdog_guard_inter_event_seconds_count")
+    assert gaps == MOVING - 1, "a keepalive or an empty chunk made a gap"
+    assert engine.ended == {"stuck": "cut", "moving": "finished"}
+
+
+async def test_twins_with_one_request_id_the_stuck_one_alone_is_ended() -> None:
+    async with token_engine() as engine:
+        guard = await _guarded(engine)
+        try:
+            stuck, healthy = await _pair(guard, {"mode": "keepalive"}, ("twin", "twin"))
+            text = await guard.metrics()
+        finally:
+            await stop_guard(guard)
+    # was: the first open request with that id ended (the healthy twin), the stuck one hung
+    assert stuck.error is not None, stuck.events
+    assert healthy.done and healthy.error is None and healthy.tokens == MOVING
+    assert metric(text, "engine_watchdog_guard_stuck_requests_total") == 1
+    assert engine.ended == {"stuck": "cut", "moving": "finished"}
