@@ -21,7 +21,10 @@ e. SIGSTOP of ``VLLM::EngineCore`` under load straight to the engine: verdict ``
    bundle, the abort call accepted, escalation to a restart, serving again, every in-flight
    request answered;
 f. a real deadlock inside the engine core: the same, and the bundle's stacks show the lock's frame;
-g. SIGKILL of the engine core: ``engine-dead`` and exactly one restart.
+g. SIGKILL of the engine core: ``engine-dead`` and exactly one restart;
+h. (a vLLM of its own, ``guard --action answer``: the ladder above would restart the shared one)
+   an idle core SIGSTOPped 25 s, refused, SIGCONT: admitted within one canary round (issue 21,
+   case 1).
 
 Times are from the fault to the stall verdict, to the old engine's processes gone and to the
 first successful completion; they are printed at the end of the run (terminal summary).
