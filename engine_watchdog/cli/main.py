@@ -158,7 +158,8 @@ def guard(url: str, **kw: Any) -> None:
 )
 @JSON
 def check(timeout: float | None, **kw: Any) -> None:
-    """One-shot verdict: exit 0 healthy/idle, 1 stalled, 2 unreachable, 3 undecided.
+    """One-shot verdict: exit 0 healthy (progress seen, or a canary answered), 1 stalled, 2
+    unreachable, 3 undecided (the line says how long a verdict needs).
 
     Several engines are judged concurrently: one line each, a summary, the worst exit code.
     """

@@ -118,10 +118,22 @@ class Detector:
                     return "flat"
         all_idle = bool(tracks) and all(k.verdict.state is State.IDLE for k in tracks)
         idle_since = max((k.verdict.since or t for k in tracks), default=t)
+        # Streams the guard holds that the engine does not count: its idle look is no proof (a
+        # wedged core stops publishing, issue 21 case 5), so ask as often as while stalled.
+        every = (
+            self.settings.stalled_canary_seconds
+            if self._guard_waits_on_engine()
+            else self.settings.idle_canary_seconds
+        )
         idle_due = t - idle_since >= self.settings.canary_after_seconds and (
-            last_sent is None or t - last_sent >= self.settings.idle_canary_seconds
+            last_sent is None or t - last_sent >= every
         )
         return "idle" if all_idle and idle_due else None
+
+    def _guard_waits_on_engine(self) -> bool:
+        """The guard's last look had streams open and quiet, waiting on the engine."""
+        last = self.wire.last
+        return last is not None and any(q.waiting_since is not None for q in last.quiet)
 
     def _way_out_due(self, tracks: list[Track], t: float, last_sent: float | None) -> bool:
         """A stalled verdict (the guard refuses then, so no client proves the engine back), or

@@ -1,7 +1,11 @@
 """``check``: a one-shot verdict for scripts and humans.
 
-Exit codes: 0 healthy or idle, 1 stalled, 2 unreachable or not an engine, 3 undecided (no
-progress for a while, but not yet --stall-seconds, when --timeout ran out), 64 usage error.
+Exit codes: 0 healthy (progress seen, or an idle engine answered a canary), 1 stalled, 2
+unreachable or not an engine, 3 undecided (no evidence either way when --timeout ran out: the
+line says how long a verdict needs), 64 usage error.
+
+Exit 0 needs evidence (issue 21, case 5): a wedged core stops publishing, so its /metrics read
+``num_requests_running 0`` and look idle (vLLM #46811). An idle look is no proof; a canary is.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 import resource
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -43,6 +47,10 @@ class CheckResult:
     code: int
     verdicts: list[Verdict] = field(default_factory=list)
     error: str | None = None
+    evidence: str | None = None
+    """What proved the engine healthy: "progress" or "canary"; None: nothing did."""
+    undecided: str | None = None
+    """Why there is no verdict (exit 3), and how long one needs."""
 
     def as_dict(self, target: str) -> dict[str, Any]:
         worst = max(self.verdicts, key=lambda v: v.seconds_without_progress, default=None)
@@ -57,12 +65,19 @@ class CheckResult:
             "cause": head.cause if head else None,
             "seconds_without_progress": head.seconds_without_progress if head else 0.0,
             "error": self.error,
+            "evidence": self.evidence,
+            "undecided": self.undecided,
             "engines": [verdict_dict(v, target) for v in self.verdicts],
         }
 
 
-def decide(verdicts: dict[str, Verdict], quiet_rounds: dict[str, int]) -> int | None:
-    """An exit code once the verdicts are conclusive, else None (keep observing)."""
+def decide(
+    verdicts: dict[str, Verdict], quiet_rounds: dict[str, int], answered: bool
+) -> int | None:
+    """An exit code once the verdicts are conclusive, else None (keep observing).
+
+    ``answered``: a canary sent during this check was answered. A quiet engine is healthy only
+    then: it may be quiet because its core is wedged."""
     if any(v.state is State.STALLED for v in verdicts.values()):
         return EXIT_STALLED
     target = verdicts.get(TARGET)
@@ -70,19 +85,38 @@ def decide(verdicts: dict[str, Verdict], quiet_rounds: dict[str, int]) -> int | 
         return EXIT_UNREACHABLE if target.cause in _HOPELESS else None
     settled = all(
         (v.state is State.PROGRESSING and v.last_progress_t is not None)
-        or (v.state in _QUIET and quiet_rounds.get(e, 0) >= 2)
+        or (v.state in _QUIET and quiet_rounds.get(e, 0) >= 2 and answered)
         for e, v in verdicts.items()
     )
-    return EXIT_OK if settled else None
+    return EXIT_OK if settled and verdicts else None
 
 
 def at_timeout(verdicts: dict[str, Verdict]) -> int:
+    """The budget ran out without a conclusive verdict: nothing proved the engine healthy."""
     states = {v.state for v in verdicts.values()}
     if TARGET in verdicts or State.UNREACHABLE in states:
         return EXIT_UNREACHABLE
-    if State.SUSPECT in states:
-        return EXIT_UNDECIDED
-    return EXIT_OK
+    return EXIT_UNDECIDED
+
+
+def verdict_needs_s(settings: WatchSettings) -> float:
+    """How long a check of a quiet engine needs: a round to see it, a canary that may take its
+    whole timeout, and a round to judge the answer; with two rounds' slack."""
+    probe = settings.probe
+    return probe.canary_timeout_s + 4 * probe.interval_s
+
+
+def why_undecided(settings: WatchSettings, budget_s: float) -> str:
+    if not settings.probe.canary:
+        return (
+            "no progress seen and --no-canary: nothing proves the engine healthy (send it "
+            "traffic, or drop --no-canary so a canary can)"
+        )
+    needs = verdict_needs_s(settings)
+    return (
+        f"no progress seen and no canary answered within the {budget_s:g} s budget; a verdict "
+        f"needs about {needs:.0f} s (--timeout {needs:.0f})"
+    )
 
 
 async def run_check(
@@ -93,11 +127,16 @@ async def run_check(
         async with aiohttp.ClientSession() as own:
             return await run_check(settings, timeout_s, own)
     await asyncio.to_thread(check_pids, settings, False)  # check reads processes, never acts
-    watcher = Watcher(settings, session, records=False, connection=connection_for(settings))
+    # A quiet engine gets its canary at once: the check has no minutes to wait for one.
+    judged = replace(settings, detector=replace(settings.detector, canary_after_seconds=0.0))
+    watcher = Watcher(judged, session, records=False, connection=connection_for(settings))
     try:
-        return await _observe(watcher, time.monotonic() + timeout_s)
+        result = await _observe(watcher, time.monotonic() + timeout_s)
     finally:
         watcher.close()
+    if result.code == EXIT_UNDECIDED:
+        result.undecided = why_undecided(settings, timeout_s)
+    return result
 
 
 def fleet_concurrency() -> int:
@@ -160,7 +199,10 @@ def check_line(doc: dict[str, Any]) -> str:
     if doc["error"]:
         return f"{doc['state']}: {doc['error']}"
     text = str(doc["state"]) + (f" ({doc['cause']})" if doc["cause"] else "")
-    return text + f", {doc['seconds_without_progress']:.1f} s without progress"
+    text += f", {doc['seconds_without_progress']:.1f} s without progress"
+    if doc["undecided"]:
+        return f"undecided: {text}: {doc['undecided']}"
+    return text + (f" (evidence: {doc['evidence']})" if doc["evidence"] else "")
 
 
 def fleet_document(docs: list[dict[str, Any]], code: int) -> dict[str, Any]:
@@ -181,18 +223,36 @@ def _counts(docs: list[dict[str, Any]]) -> dict[str, int]:
 
 async def _observe(watcher: Watcher, deadline: float) -> CheckResult:
     quiet_rounds: dict[str, int] = {}
+    start = watcher.clock()
     while True:
         await watcher.tick()
         verdicts = watcher.verdicts
         for engine, v in verdicts.items():
             quiet_rounds[engine] = quiet_rounds.get(engine, 0) + 1 if v.state in _QUIET else 0
-        code = decide(verdicts, quiet_rounds)
+        answered = _canary_answered(watcher, start)
+        code = decide(verdicts, quiet_rounds, answered)
         if code is None and time.monotonic() >= deadline:
             code = at_timeout(verdicts)
         if code is not None:
-            return CheckResult(code, list(verdicts.values()), _error(watcher))
+            evidence = _evidence(code, verdicts, answered)
+            return CheckResult(code, list(verdicts.values()), _error(watcher), evidence)
         pause = min(watcher.settings.probe.interval_s, max(0.0, deadline - time.monotonic()))
-        await asyncio.sleep(pause)
+        # Woken early when the canary ends: its answer is judged at once.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(watcher.woken.wait(), pause)
+        watcher.woken.clear()
+
+
+def _canary_answered(watcher: Watcher, since: float) -> bool:
+    canaries = watcher.judge.detector.signals.canaries
+    return any(c.ok and c.sent >= since for c in canaries)
+
+
+def _evidence(code: int, verdicts: dict[str, Verdict], answered: bool) -> str | None:
+    if code != EXIT_OK:
+        return None
+    # The canary's own token moves the counters: it is the evidence then.
+    return "canary" if answered else "progress"
 
 
 def _error(watcher: Watcher) -> str | None:

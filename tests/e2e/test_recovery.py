@@ -21,7 +21,10 @@ e. SIGSTOP of ``VLLM::EngineCore`` under load straight to the engine: verdict ``
    bundle, the abort call accepted, escalation to a restart, serving again, every in-flight
    request answered;
 f. a real deadlock inside the engine core: the same, and the bundle's stacks show the lock's frame;
-g. SIGKILL of the engine core: ``engine-dead`` and exactly one restart.
+g. SIGKILL of the engine core: ``engine-dead`` and exactly one restart;
+h. (a vLLM of its own, ``guard --action answer``: the ladder above would restart the shared one)
+   an idle core SIGSTOPped 25 s, refused, SIGCONT: admitted within one canary round (issue 21,
+   case 1).
 
 Times are from the fault to the stall verdict, to the old engine's processes gone and to the
 first successful completion; they are printed at the end of the run (terminal summary).
@@ -344,3 +347,69 @@ def _supervisor_restart(sup: Supervised, since: float) -> dict[str, Any] | None:
     records = sup.actions(since)
     mine = [a for a in records if a["action"] == "restart"]
     return next((a for a in mine if not a["detail"].startswith("engine exited")), None)
+
+
+# -- issue 21, case 1, the real vLLM's tier (tests/integration/test_way_out.py is the simulator's)
+WAY_OUT_CANARY_TIMEOUT_S = 5.0
+WAY_OUT_STALLED_CANARY_S = 3.0
+WAY_OUT_ROUND_S = WAY_OUT_STALLED_CANARY_S + WAY_OUT_CANARY_TIMEOUT_S + 1.0
+"""One canary round: the wait before the next canary, the canary's own bound, a probe round."""
+WAY_OUT_PAUSE_S = 25.0  # as in the issue's seed
+
+
+async def _admitted_through(guard_url: str, bound_s: float) -> float | None:
+    """Seconds until a request through the guard gets 200 (one at a time), or None."""
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() - started < bound_s:
+            got = await stream(session, guard_url, completion(SERVED_MODEL, 2), timeout=20)
+            if got.status == 200 and got.error is None:
+                return time.monotonic() - started
+            await asyncio.sleep(0.2)  # between attempts only: the bound is the condition
+    return None
+
+
+@pytest.mark.timeout(600)  # starts a vLLM of its own (40-90 s): the module's one restarts
+async def test_a_paused_idle_vllm_core_resumed_is_admitted_within_one_canary_round(
+    vllm_server_factory: Any,
+) -> None:
+    """Before: after SIGCONT every request through the guard got 503 (41 s, and 78 minutes in
+    another run), nothing probing. The module's supervised engine would be restarted by its
+    ladder during the pause, so this one is a plain vLLM behind ``guard --action answer``."""
+    from tests.tools.guard import start_guard, stop_guard
+
+    server = await asyncio.to_thread(vllm_server_factory)  # stopped by the fixture, whatever
+    guard = await start_guard(
+        "guard", server.base_url, "--action", "answer", "--canary-after", "1",
+        "--idle-canary-interval", "2", "--canary-timeout", str(WAY_OUT_CANARY_TIMEOUT_S),
+        "--stalled-canary-interval", str(WAY_OUT_STALLED_CANARY_S),
+    )  # fmt: skip
+    try:
+        await guard.wait_state("idle", 60)
+        cores = server.engine_core_pids()
+        assert len(cores) == 1, cores
+        os.kill(cores[0], signal.SIGSTOP)
+        try:
+            paused_t = time.monotonic()
+            stalled = await guard.wait_state("stalled", WAY_OUT_PAUSE_S + 30)
+            refused = await _refused(guard.guard_url, paused_t + WAY_OUT_PAUSE_S)
+        finally:
+            os.kill(cores[0], signal.SIGCONT)
+        took = await _admitted_through(guard.guard_url, 3 * WAY_OUT_ROUND_S + 30)
+    finally:
+        await stop_guard(guard)
+    assert stalled["cause"] in ("wedged-idle", "stopped", "no-progress"), stalled
+    assert refused, "the guard never refused while the core was paused"
+    # One canary round, and generous slack for a 2-core machine's vLLM.
+    assert took is not None and took <= WAY_OUT_ROUND_S + 15.0, (took, guard.states())
+
+
+async def _refused(guard_url: str, until: float) -> bool:
+    """The guard answers 503 while the core stays paused (until ``until``, monotonic)."""
+    refused = False
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < until:
+            got = await stream(session, guard_url, completion(SERVED_MODEL, 2), timeout=10)
+            refused = refused or got.status == 503
+            await asyncio.sleep(1.0)  # one look a second: the pause itself is the condition
+    return refused

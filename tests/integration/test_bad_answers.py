@@ -75,7 +75,9 @@ async def test_check_judges_the_good_engine_beside_every_kind_of_bad_one(
     assert "Traceback" not in ran.err, ran.err
     doc = ran.json()
     states = {t["target"]: t["state"] for t in doc["targets"]}
-    assert states[good.url] == "idle", doc
+    evidence = {t["target"]: t["evidence"] for t in doc["targets"]}
+    # Idle is no proof (issue 21, case 5): the good engine is healthy by its canary's answer.
+    assert evidence[good.url] == "canary" and states[good.url] != "stalled", doc
     assert states[fleet["metrics_garbage.bin"].url] == "unreachable"
     assert ran.code == 2, ran.out + ran.err  # the worst: one target is no engine at all
     canaried = [name for name, stub in fleet.items() if name != "metrics_garbage.bin"]

@@ -106,7 +106,10 @@ def test_record_on_a_full_disk_exits_73_and_watch_keeps_watching(tmp_path: Path)
             deadline = time.monotonic() + 30
             while "recording stopped" not in err.read_text() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            time.sleep(1.0)  # rounds after the failure
+            # Rounds after the failure: its verdict still printed (the write failed before).
+            while '"cause":"connection-refused"' not in out.read_text():
+                assert time.monotonic() < deadline, "no verdict after the recording stopped"
+                time.sleep(0.1)
             alive = watch.poll() is None
         finally:
             os.killpg(watch.pid, signal.SIGTERM)

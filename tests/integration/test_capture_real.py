@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bundle
@@ -24,6 +25,7 @@ from engine_watchdog.host.tools import resolve_tools, write_private
 from engine_watchdog.probes.pidns import read_ns_pid
 from engine_watchdog.probes.procs import sample_procs
 from tests.tools.cli import run_cli_sync
+from tests.waiting import eventually
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "capture"
 START_TIMEOUT_S = 60.0
@@ -107,6 +109,13 @@ async def test_bundle_shows_the_thread_blocked_on_a_lock(tmp_path: Path, target:
 async def test_stopped_process_is_dumped_nonblocking(tmp_path: Path, target: Started) -> None:
     os.kill(target.pid, signal.SIGSTOP)
     try:
+        # The kernel stops the process asynchronously: under load it can still read 'running'
+        # for a moment after kill() returns. Wait for state T before capturing.
+        await eventually(
+            lambda: psutil.Process(target.pid).status() == psutil.STATUS_STOPPED,
+            timeout=30,
+            what="the target in state T",
+        )
         procs = sample_procs(pids=[target.pid]).procs
         assert procs[0].state == "stopped"
         res = await write_bundle(settings(tmp_path), None, procs, [], [pyspy_step()])

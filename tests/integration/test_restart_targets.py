@@ -155,7 +155,7 @@ async def test_pid_1_is_refused_where_it_is_init_and_taken_where_it_is_the_engin
         inside = ["nsenter", "-t", str(engine.pid), "-p", "-m", str(CONSOLE_SCRIPT)]
         done = await asyncio.to_thread(run_inside, [*inside, "check", url, "--pid", "1"])
         assert done.returncode == 0, done.stderr[-2000:]
-        assert "idle" in done.stdout
+        assert "(evidence: canary)" in done.stdout  # idle is no proof (issue 21, case 5)
     finally:
         end_group(ns)
 

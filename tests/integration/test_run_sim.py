@@ -17,6 +17,7 @@ import psutil
 from engine_watchdog.sim.launcher import free_port
 from tests.tools.cli import run_cli
 from tests.tools.watch import WatchProcess
+from tests.waiting import eventually
 
 
 async def start_run(tmp: Path, port: int, *args: str) -> WatchProcess:
@@ -115,10 +116,12 @@ async def test_restarts_from_both_paths_stop_at_exactly_max_restarts(tmp_path: P
     )  # fmt: skip
     client = asyncio.create_task(keep_asking(port))
     try:
-        for _ in range(1200):  # the 4th engine hangs for good: the limit is reached
-            if any(r["result"] == "rate_limited" for r in history(tmp_path)):
-                break
-            await asyncio.sleep(0.1)
+        await eventually(  # the 4th engine hangs for good: the limit is reached
+            lambda: any(r["result"] == "rate_limited" for r in history(tmp_path)),
+            timeout=120,
+            interval=0.1,
+            what="the restart limit reached",
+        )
         done = [r for r in history(tmp_path) if r["action"] == "restart"]
         ok = [r["detail"] for r in done if r["result"] == "ok"]
         assert len(ok) == 3, done
@@ -151,10 +154,12 @@ async def test_dry_run_never_touches_the_engine(tmp_path: Path) -> None:
         await post(f"http://127.0.0.1:{port}/sim/fault", {"fault": "deadlock"})
         hung = asyncio.create_task(complete(port))
         await run.next_state("stalled", timeout=40)
-        for _ in range(100):  # the ladder logs its would-be actions
-            if any(r["action"] == "restart" for r in history(tmp_path)):
-                break
-            await asyncio.sleep(0.2)
+        await eventually(  # the ladder logs its would-be actions
+            lambda: any(r["action"] == "restart" for r in history(tmp_path)),
+            timeout=20,
+            interval=0.2,
+            what="a dry-run restart in the history",
+        )
         assert {r["result"] for r in history(tmp_path)} == {"dry_run"}
         assert set(engines) == set(descendants(run.proc.pid))  # nothing killed
         assert not any(tmp_path.glob("2*"))  # no bundle written either

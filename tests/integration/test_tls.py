@@ -41,10 +41,10 @@ async def test_with_its_ca_the_https_engine_is_judged(
 ) -> None:
     engine, cert = https_engine
     ran = await run_cli("check", engine.url, "--json", NO_GPU, "--ca-file", str(cert))
-    assert (ran.code, ran.json()["state"]) == (0, "idle"), ran.out + ran.err
+    assert (ran.code, ran.json()["evidence"]) == (0, "canary"), ran.out + ran.err
     env = {**os.environ, "ENGINE_WATCHDOG_CA_FILE": str(cert)}
     by_env = await run_cli("check", engine.url, "--json", NO_GPU, env=env)
-    assert (by_env.code, by_env.json()["state"]) == (0, "idle"), by_env.out + by_env.err
+    assert (by_env.code, by_env.json()["evidence"]) == (0, "canary"), by_env.out + by_env.err
 
 
 async def test_https_to_a_plain_http_engine_says_so(stub_engine: StubFactory) -> None:

@@ -207,8 +207,15 @@ async def test_disk_full_in_a_step_leaves_nothing(tmp_path: Path) -> None:
 
 
 async def test_cancelled_capture_leaves_nothing(tmp_path: Path) -> None:
-    task = asyncio.create_task(write_bundle(settings(tmp_path), None, [CORE], [], [hanging_step]))
-    await asyncio.sleep(0.3)
+    inside = asyncio.Event()
+
+    async def hanging_once_inside(ctx: CaptureContext) -> StepResult:
+        inside.set()  # the bundle's work dir exists now: the cancel must clean it up
+        return await hanging_step(ctx)
+
+    steps = [hanging_once_inside]
+    task = asyncio.create_task(write_bundle(settings(tmp_path), None, [CORE], [], steps))
+    await asyncio.wait_for(inside.wait(), 30)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -25,17 +25,19 @@ def v(
 
 def test_any_stalled_rank_decides_stalled() -> None:
     verdicts = {"0": v(State.PROGRESSING, progress=1.0), "1": v(State.STALLED, "1", "no-progress")}
-    assert decide(verdicts, {}) == EXIT_STALLED
+    assert decide(verdicts, {}, False) == EXIT_STALLED
 
 
 def test_progressing_needs_seen_movement() -> None:
-    assert decide({"0": v(State.PROGRESSING)}, {}) is None
-    assert decide({"0": v(State.PROGRESSING, progress=1.0)}, {}) == EXIT_OK
+    assert decide({"0": v(State.PROGRESSING)}, {}, False) is None
+    assert decide({"0": v(State.PROGRESSING, progress=1.0)}, {}, False) == EXIT_OK
 
 
 def test_idle_needs_two_rounds() -> None:
-    assert decide({"0": v(State.IDLE)}, {"0": 1}) is None
-    assert decide({"0": v(State.IDLE)}, {"0": 2}) == EXIT_OK
+    assert decide({"0": v(State.IDLE)}, {"0": 1}, True) is None
+    assert decide({"0": v(State.IDLE)}, {"0": 2}, True) == EXIT_OK
+    # Idle without an answered canary is no evidence: a wedged core looks idle (case 5).
+    assert decide({"0": v(State.IDLE)}, {"0": 2}, False) is None
 
 
 @pytest.mark.parametrize(
@@ -47,7 +49,7 @@ def test_idle_needs_two_rounds() -> None:
     ],
 )
 def test_before_first_scrape_only_hopeless_errors_decide(cause: str, expected: int | None) -> None:
-    assert decide({TARGET: v(State.STARTING, TARGET, cause)}, {}) == expected
+    assert decide({TARGET: v(State.STARTING, TARGET, cause)}, {}, False) == expected
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

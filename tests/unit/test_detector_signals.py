@@ -9,9 +9,11 @@ from engine_watchdog.core.model import (
     CanaryObs,
     GpuInfo,
     GpuObs,
+    GuardObs,
     Observation,
     ProcInfo,
     ProcsObs,
+    QuietStream,
     State,
 )
 from tests.tools.detector_feed import T0, Eng, first_stall, run, scrape
@@ -177,3 +179,18 @@ def test_a_new_engine_after_death_is_judged_afresh() -> None:
     d, seen = run(obs)
     assert ("stalled", "engine-dead") in [(s, c) for _, s, c in seen]
     assert d.verdicts["0"].state is State.IDLE
+
+
+def test_guard_streams_the_engine_does_not_count_bring_canaries_every_few_seconds() -> None:
+    """Issue 21, case 5 in `watch`: a wedged core reads 0 running while the guard holds streams
+    waiting on it. That idle look is no proof: a canary every stalled_canary_seconds, not 60 s."""
+    d = Detector(DetectorSettings(canary_after_seconds=5, idle_canary_seconds=60))
+    for t in range(7):
+        d.feed(scrape(t, Eng()))
+    assert d.canary_due(T0 + 6) == "idle"
+    d.feed(CanaryObs(T0 + 6.5, ok=True, latency_s=0.1))
+    d.feed(scrape(7, Eng()))
+    assert d.canary_due(T0 + 10.5) is None  # plain idle: the next in 60 s
+    held = QuietStream("r1", T0 + 2, T0 + 2.5, T0 + 3, 4, waiting_since=T0 + 3)
+    d.feed(GuardObs(T0 + 10, 4, 4, 0, 0, T0 + 3, (), (held,)))
+    assert d.canary_due(T0 + 10.5) == "idle"

@@ -9,6 +9,7 @@ from engine_watchdog.core.model import Outcome, Result, State, Verdict
 from engine_watchdog.core.settings import PolicySettings, RateLimit
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.runtime.supervisor import Supervisor
+from tests.waiting import eventually
 
 T = 1_796_000_000.0
 
@@ -65,7 +66,8 @@ async def test_ladder_runs_in_order_and_stops_once_the_engine_is_back(tmp_path: 
     actions = ScriptedActions()
     sup = supervisor(actions, tmp_path)
     sup.report("t", [], verdicts(State.STALLED, "no-progress"))
-    await asyncio.sleep(0.5)  # abort grace passes with the engine still stalled
+    # The abort grace passes with the engine still stalled: the restart's capture begins.
+    await eventually(lambda: "capture-destructive" in actions.calls, timeout=10, what="restart")
     sup.report("t", [], verdicts(State.IDLE))
     await finish(sup)
     # The CUDA core dump kills the process: its (destructive) capture comes with the restart.
