@@ -20,6 +20,10 @@ import aiohttp
 from benchmarks import guard
 
 
+def ready() -> None:
+    time.sleep(0.5)  # held, so that each of the first jobs starts a worker of its own
+
+
 def worker(url: str, model: str, streams: int, window: list[float], tokens: int) -> guard.Phase:
     guard.MAX_TOKENS[0] = tokens
     phase = asyncio.run(_clients(url, model, streams, window))
@@ -61,12 +65,14 @@ async def run_phase(
     url: str, model: str, streams: int, seconds: float, proxy: Any, procs: int, tokens: int
 ) -> guard.Phase:
     """guard.run_phase with the streams spread over ``procs`` processes."""
-    begin = time.time() + guard.WARMUP_S + 1.0 + streams / 100  # spawn, then open every stream
-    window = [begin, begin + seconds]
     shares = [streams // procs + (i < streams % procs) for i in range(procs)]
     loop = asyncio.get_running_loop()
     context = multiprocessing.get_context("spawn")  # no fork of a running event loop
     with ProcessPoolExecutor(procs, mp_context=context) as pool:
+        # every worker started and its imports done before the window is set
+        await asyncio.gather(*(loop.run_in_executor(pool, ready) for _ in range(procs)))
+        begin = time.time() + guard.WARMUP_S + streams / 100  # room to open every stream
+        window = [begin, begin + seconds]
         futures = [
             loop.run_in_executor(pool, worker, url, model, n, window, tokens) for n in shares if n
         ]
