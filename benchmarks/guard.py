@@ -38,7 +38,7 @@ import aiohttp
 import psutil
 from yarl import URL
 
-from benchmarks import relays
+from benchmarks import clients, proxy_peers, relays
 from engine_watchdog.guard.proxy import raise_open_files_limit
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from tests.tools.cli import CONSOLE_SCRIPT
@@ -62,6 +62,9 @@ class Phase:
     """Of guard_cpu_s, the kernel's part."""
     guard_rss_mb: float = 0.0
     errors: int = 0
+    client_cpu_s: float = 0.0
+    client_cpu_pct: float = 0.0
+    """The busiest client process's CPU share of one core in the window (it keeps up: < 100)."""
 
     @property
     def rate(self) -> float:
@@ -129,7 +132,9 @@ async def run_phase(
         ]
         await asyncio.sleep(max(0.0, begin - time.time()))
         cpu0 = guard.cpu_times() if guard else None
+        client0 = time.process_time()
         await asyncio.sleep(seconds)
+        phase.client_cpu_pct = 100 * (time.process_time() - client0) / seconds
         if guard is not None and cpu0 is not None:
             cpu = guard.cpu_times()
             phase.guard_cpu_s = cpu.user + cpu.system - cpu0.user - cpu0.system
@@ -162,6 +167,8 @@ async def guard_process(upstream: str, name: str) -> AsyncIterator[tuple[str, ps
         argv = [sys.executable, "-m", "benchmarks.naive_proxy", upstream, str(port)]
     elif name in relays.NAMES:
         argv = relays.argv(name, URL(upstream).port or 80, port)
+    elif name in proxy_peers.NAMES:
+        argv = proxy_peers.argv(name, URL(upstream).port or 80, port)
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         start_new_session=True,
@@ -169,7 +176,8 @@ async def guard_process(upstream: str, name: str) -> AsyncIterator[tuple[str, ps
     try:
         url = f"http://127.0.0.1:{port}"
         await wait_listening(url, 30)
-        yield url, psutil.Process(proc.pid)
+        tree = name in proxy_peers.NAMES  # nginx: master and worker, counted together
+        yield url, proxy_peers.Tree(proc.pid) if tree else psutil.Process(proc.pid)  # type: ignore[misc]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -207,6 +215,7 @@ class Row:
             f"{cpu:.1f} ({cpu - kernel:.1f} + {kernel:.1f})",
             f"{rss / self.streams * 1000:.1f}",
             str(sum(p.errors for p in (*self.direct, *self.guard))),
+            f"{max(p.client_cpu_pct for p in (*self.direct, *self.guard)):.0f}",
         ]
 
 
@@ -222,6 +231,7 @@ HEAD = [
     "proxy CPU µs/event (user + sys)",
     "proxy RSS MB per 1000 streams",
     "errors",
+    "client CPU % (busiest process)",
 ]
 
 
@@ -238,12 +248,25 @@ async def bench(
             through: dict[str, list[Phase]] = {name: [] for name in proxies}
             for _ in range(rounds):
                 for name, (url, proc) in proxies.items():
-                    direct.append(await run_phase(upstream, model, streams, seconds, None))
-                    through[name].append(await run_phase(url, model, streams, seconds, proc))
+                    direct.append(await phase_of(upstream, model, streams, seconds, None))
+                    through[name].append(await phase_of(url, model, streams, seconds, proc))
             for name in proxies:
                 rows.append(Row(streams, direct, through[name], idle[name], name))
                 print(" | ".join(rows[-1].cells(True)), flush=True)
     return rows
+
+
+async def phase_of(
+    url: str, model: str, streams: int, seconds: float, proxy: psutil.Process | None
+) -> Phase:
+    """One phase: its clients in this process, or spread over CLIENT_PROCS (benchmarks/clients)."""
+    if CLIENT_PROCS[0] > 1:
+        procs, tokens = CLIENT_PROCS[0], MAX_TOKENS[0]
+        return await clients.run_phase(url, model, streams, seconds, proxy, procs, tokens)
+    return await run_phase(url, model, streams, seconds, proxy)
+
+
+CLIENT_PROCS = [1]
 
 
 def table(rows: list[Row], stamped: bool) -> str:
@@ -261,6 +284,13 @@ async def main_async(args: argparse.Namespace) -> None:
     names = ["guard", *(["guard-asyncio"] * args.asyncio)]
     names += ["naive"] * args.naive
     names += list(relays.NAMES) if args.floor else []
+    CLIENT_PROCS[0] = args.client_procs
+    if args.peers:
+        try:
+            await asyncio.to_thread(proxy_peers.ensure_installed)
+        except proxy_peers.Missing as exc:
+            raise SystemExit(f"--peers: {exc}") from None
+        names += list(proxy_peers.NAMES)
     if args.vllm:
         await asyncio.to_thread(bench_vllm, args, loads, names)
         return
@@ -308,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--naive", action="store_true", help="also the naive pass-through")
     parser.add_argument("--asyncio", action="store_true", help="also the guard on asyncio's loop")
     parser.add_argument("--floor", action="store_true", help="also the byte relays (C, asyncio)")
+    parser.add_argument("--peers", action="store_true", help="also nginx and HAProxy")
+    parser.add_argument("--client-procs", type=int, default=1, help="client processes")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS[0])
     parser.add_argument("--vllm", action="store_true", help="start the e2e tests' CPU vLLM")
     asyncio.run(main_async(parser.parse_args(argv)))

@@ -172,7 +172,7 @@ async def test_an_engine_that_fails_gets_a_clean_answer_and_the_guard_stays_up()
             got = await raw(guard.guard_url, post("/status500", cl))
             assert got.startswith(b"HTTP/1.1 500") and got.endswith(b'{"error": "boom"}'), got
             got = await raw(guard.guard_url, post("/garbage", cl))
-            assert got.startswith(b"HTTP/1.1 502") and b"not an HTTP/1.1 status" in got, got
+            assert got.startswith(b"HTTP/1.1 502") and b"is not HTTP/1.1" in got, got
             started = time.monotonic()
             got = await raw(guard.guard_url, post("/cut", cl))
             # The events sent, then the connection closed without the last chunk: the client
