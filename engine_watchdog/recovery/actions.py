@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
@@ -87,6 +88,7 @@ class EngineActions:
         steps: StepsFactory,
         restarter: Restarter | None = None,
         on_bundle: Callable[[str, str, str], None] | None = None,
+        hand_off: Callable[[Path], None] | None = None,
     ) -> None:
         self.engine = engine
         self.capture_settings = capture
@@ -94,6 +96,8 @@ class EngineActions:
         self.steps = steps
         self.restarter = restarter
         self.on_bundle = on_bundle
+        self.hand_off = hand_off
+        """Given each finished bundle's path (--bundle-command); returns at once."""
         self.last_bundle: str | None = None
 
     async def capture(self, verdict: Verdict, destructive: bool) -> Outcome:
@@ -120,6 +124,8 @@ class EngineActions:
         self.last_bundle = str(result.path)
         if self.on_bundle:
             self.on_bundle(self.engine.target, verdict.cause or Cause.NO_PROGRESS, result.signature)
+        if self.hand_off:
+            self.hand_off(result.path)
         statuses = ", ".join(f"{s.name} {s.status}" for s in result.steps)
         known = f"; resembles known hang {result.signature}" if result.signature != "none" else ""
         return Outcome(
