@@ -19,6 +19,7 @@ import aiohttp
 
 from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bundle
 from engine_watchdog.capture.cuda import ENABLE_VAR, core_dump_enabled
+from engine_watchdog.capture.engine_version import read_engine_version
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
 from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
@@ -115,6 +116,7 @@ class EngineActions:
             engine=self.engine.profile.name,
             destructive=destructive,
             tools=tools_with(capture.py_spy),
+            engine_version=lambda: read_engine_version(self.engine.session, self.engine.connection),
         )
         timeline = self.engine.recent_records()
         try:

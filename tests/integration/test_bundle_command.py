@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from engine_watchdog.sim.loadgen import StreamingLoad
+from engine_watchdog.sim.server import VERSION
 from tests.integration.conftest import SimFactory, SimHttp
 from tests.tools.cli import run_cli
 from tests.waiting import eventually
@@ -64,6 +65,7 @@ async def test_each_bundle_is_handed_to_the_command_and_its_result_recorded(
     assert found[0]["detail"].startswith(f"{bundle.name}: exit 0 in "), found
     original, copy = tree(bundle), tree(copies / bundle.name)
     assert "manifest.json" in copy and copy == original  # the whole bundle, byte for byte
+    assert f"Engine version: {VERSION}" in copy["summary.md"].decode()  # asked on every capture
 
 
 async def test_a_command_that_hangs_is_killed_at_its_timeout_and_recorded(
