@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,8 @@ class BundleSettings:
     proc_root: Path = Path("/proc")
     clock: Callable[[], float] = time.time
     """Wall-clock seconds (tests pin it)."""
+    engine_version: Callable[[], Awaitable[str | None]] | None = None
+    """Asks the engine its version (bounded), while the steps run; None: not asked."""
 
     @property
     def incident_dir(self) -> Path:
@@ -212,15 +214,22 @@ async def write_bundle(
         # Before the steps: a destructive step (the CUDA core dump) ends the engine, and with it
         # the command lines and environments the records and the log's masking read.
         seen = await asyncio.to_thread(_read_processes, procs, settings.proc_root)
-        results, vers = await asyncio.gather(
-            _run_steps(steps, ctx, settings.step_grace_s), evidence.versions(tools.get("py-spy"))
+        results, vers, version = await asyncio.gather(
+            _run_steps(steps, ctx, settings.step_grace_s),
+            evidence.versions(tools.get("py-spy")),
+            _engine_version(settings),
         )
-        info = SummaryInput(created, settings.engine, verdict, procs, results, timeline)
+        vers = {**vers, "engine_version": version} if version else vers
+        info = SummaryInput(
+            created, settings.engine, verdict, procs, results, timeline, engine_version=version
+        )
         await asyncio.to_thread(_write_evidence, tmp, settings, seen, timeline, vers)
         elapsed = time.monotonic() - t0
         draft = draft_manifest(
             name, created, settings.engine, settings.destructive, verdict, procs, results, elapsed
         )
+        if version:
+            draft["engine_version"] = version
         hangs = await asyncio.to_thread(known_hangs, tmp, draft, settings.capture.signatures)
         await asyncio.to_thread(_write_summary, tmp, settings, info, hangs)
         manifest = await asyncio.to_thread(
@@ -239,6 +248,10 @@ async def write_bundle(
     return BundleResult(
         final, manifest, tuple(results), time.monotonic() - t0, tuple(removed), hangs.top
     )
+
+
+async def _engine_version(s: BundleSettings) -> str | None:
+    return await s.engine_version() if s.engine_version is not None else None
 
 
 def _prune(s: BundleSettings, final: Path) -> list[str]:

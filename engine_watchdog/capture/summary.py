@@ -45,6 +45,8 @@ class SummaryInput:
     timeline: Sequence[Mapping[str, Any]] = ()
     groups: Mapping[int, Sequence[ThreadGroup]] = field(default_factory=dict)
     """PID -> grouped threads (from py-spy); a PID without stacks is absent."""
+    engine_version: str | None = None
+    """What the engine's /version said; None: it did not answer."""
 
 
 def utc(t: float | None) -> str:
@@ -167,7 +169,9 @@ def render_summary(info: SummaryInput) -> str:
     """The whole ``summary.md``."""
     v = info.verdict
     what = f"{v.state.value} ({v.cause})" if v and v.cause else (v.state.value if v else "capture")
-    out = [f"# {info.engine} {what} at {utc(info.created)}", "", "## Where it is stuck", ""]
+    version = info.engine_version or "unknown (the engine did not answer /version)"
+    out = [f"# {info.engine} {what} at {utc(info.created)}", "", f"Engine version: {version}"]
+    out += ["", "## Where it is stuck", ""]
     lines = stuck_lines(info.procs, info.groups)
     out += [f"- {line}" for line in lines] or ["- No stacks were captured (see the steps below)."]
     out += ["", "## What happened", "", *_verdict_lines(v, info.created)]

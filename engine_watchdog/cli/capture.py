@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import aiohttp
 import click
 
 from engine_watchdog.capture.bundle import BundleError, BundleResult, BundleSettings, write_bundle
 from engine_watchdog.capture.doctor import render_json, render_text, run_doctor
+from engine_watchdog.capture.engine_version import read_engine_version
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_NOPERM, CliError
@@ -25,8 +27,10 @@ from engine_watchdog.cli.option_group import One, all_consumed
 from engine_watchdog.cli.options import CAPTURE, JSON, PY_SPY_OPT
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.redact import redact_url
+from engine_watchdog.core.settings import normalise_url
 from engine_watchdog.engines import VLLM
 from engine_watchdog.host.tools import tools_with
+from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import FIX_NOT_FOUND, discover, sample_procs, url_port
 
@@ -96,14 +100,20 @@ def engine_options(func: Any) -> Any:
 @JSON
 def capture_command(url: str | None, pids: tuple[int, ...], timeout: float, **kw: Any) -> None:
     """Write a non-destructive incident bundle now and print its path."""
-    url = redact_url(url) if url else None  # only its port is used: its credentials never are
+    given_url = url  # its /version is asked through one connection: credentials, TLS and all
+    url = redact_url(url) if url else None  # for the process search only its port is used
     capture = replace(CAPTURE.take(kw), step_timeout_s=timeout)
     as_json = JSON.take(kw)
     all_consumed(kw)
     if capture.engine_log is not None and not capture.engine_log.is_file():
         raise CliError(f"--engine-log {capture.engine_log} is not a readable file: check the path")
     procs = find_procs(url, pids)
-    settings = BundleSettings(capture, engine=VLLM.name, tools=tools_with(capture.py_spy))
+    settings = BundleSettings(
+        capture,
+        engine=VLLM.name,
+        tools=tools_with(capture.py_spy),
+        engine_version=(lambda: _version_of(given_url)) if given_url else None,
+    )
     # The process sample is the only observation an on-demand capture has: keep it.
     seen = [{"pid": p.pid, "role": p.role, "state": p.state} for p in procs]
     timeline = [{"t": settings.clock(), "kind": "procs", "procs": seen}]
@@ -112,6 +122,12 @@ def capture_command(url: str | None, pids: tuple[int, ...], timeout: float, **kw
     except BundleError as e:
         raise CliError(str(e), EXIT_CANTCREAT) from None
     _report(result, as_json)
+
+
+async def _version_of(url: str) -> str | None:
+    """The engine's /version, bounded (an on-demand capture has no watcher's session)."""
+    async with aiohttp.ClientSession() as session:
+        return await read_engine_version(session, EngineConnection.of(normalise_url(url)))
 
 
 def _report(result: BundleResult, as_json: bool) -> None:

@@ -8,6 +8,7 @@ ConfigMap feeds the sidecar through envFrom).
 from __future__ import annotations
 
 import shlex
+import shutil
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +29,7 @@ from engine_watchdog.core.settings import (
     ProcessSettings,
     RecoverySettings,
     ReportSettings,
+    SettingsError,
     WatchSettings,
     for_target,
     normalise_url,
@@ -54,6 +56,18 @@ def checked_signatures(path: Path) -> Path:
 
     signatures_or_exit(path)
     return path
+
+
+def _bundle_command(text: str) -> tuple[str, ...]:
+    """A program that is not there is a usage error at start, not a failed upload at the first
+    incident (hours later, the evidence already gone with the pod)."""
+    argv = tuple(shlex.split(text))
+    if argv and shutil.which(argv[0]) is None:
+        raise SettingsError(
+            f"--bundle-command {argv[0]!r} is not an executable program: give a path, or a "
+            "name on PATH"
+        )
+    return argv
 
 
 def _pids(values: Sequence[int]) -> tuple[int, ...]:
@@ -248,6 +262,21 @@ RECOVERY = OptionGroup(
         str,
         convert=lambda text: tuple(shlex.split(text)),
         default="",
+    ),
+    Opt(
+        "--bundle-command",
+        "bundle_command",
+        "Run this on each finished bundle, its path the last argument (split like a shell, "
+        "run without one), e.g. to copy it to object storage.",
+        str,
+        convert=_bundle_command,
+        default="",
+    ),
+    Opt(
+        "--bundle-command-timeout",
+        "bundle_command_timeout_s",
+        "Seconds each --bundle-command run may take; then its process group is killed.",
+        POSITIVE,
     ),
     Opt(
         "--engine-uid",

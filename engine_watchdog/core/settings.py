@@ -176,6 +176,11 @@ class RecoverySettings:
     engine_uid: int | None = None
     """The UID the engine runs as: the watchdog kills, and accepts as ``--pid``, only processes
     of this UID. None: the watchdog's own (a root sidecar beside a non-root engine sets it)."""
+    bundle_command: tuple[str, ...] = ()
+    """Run this (no shell) on each finished bundle, its path the last argument: evidence off
+    the node before the pod (and its emptyDir) goes."""
+    bundle_command_timeout_s: float = 300.0
+    """Bound for each run of the bundle command (its process group is killed past it)."""
 
 
 @dataclass(frozen=True)

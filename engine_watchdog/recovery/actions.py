@@ -12,12 +12,14 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
 from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bundle
 from engine_watchdog.capture.cuda import ENABLE_VAR, core_dump_enabled
+from engine_watchdog.capture.engine_version import read_engine_version
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
 from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
@@ -87,6 +89,7 @@ class EngineActions:
         steps: StepsFactory,
         restarter: Restarter | None = None,
         on_bundle: Callable[[str, str, str], None] | None = None,
+        hand_off: Callable[[Path], None] | None = None,
     ) -> None:
         self.engine = engine
         self.capture_settings = capture
@@ -94,6 +97,8 @@ class EngineActions:
         self.steps = steps
         self.restarter = restarter
         self.on_bundle = on_bundle
+        self.hand_off = hand_off
+        """Given each finished bundle's path (--bundle-command); returns at once."""
         self.last_bundle: str | None = None
 
     async def capture(self, verdict: Verdict, destructive: bool) -> Outcome:
@@ -111,6 +116,7 @@ class EngineActions:
             engine=self.engine.profile.name,
             destructive=destructive,
             tools=tools_with(capture.py_spy),
+            engine_version=lambda: read_engine_version(self.engine.session, self.engine.connection),
         )
         timeline = self.engine.recent_records()
         try:
@@ -120,6 +126,8 @@ class EngineActions:
         self.last_bundle = str(result.path)
         if self.on_bundle:
             self.on_bundle(self.engine.target, verdict.cause or Cause.NO_PROGRESS, result.signature)
+        if self.hand_off:
+            self.hand_off(result.path)
         statuses = ", ".join(f"{s.name} {s.status}" for s in result.steps)
         known = f"; resembles known hang {result.signature}" if result.signature != "none" else ""
         return Outcome(

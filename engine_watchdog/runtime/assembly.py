@@ -26,6 +26,7 @@ from engine_watchdog.guard.stats import GuardCollector
 from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.probes.procs import url_port
 from engine_watchdog.recovery.actions import EngineActions
+from engine_watchdog.recovery.handoff import BundleHandOff
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.orphans import end_orphan, pid_file
 from engine_watchdog.recovery.supervise import ChildEngine, EngineExited
@@ -247,6 +248,7 @@ def _supervisor(
         steps=lambda destructive: capture_steps(destructive, watcher.gpu),
         restarter=child.restart if child else None,
         on_bundle=metrics.count_incident,
+        hand_off=_hand_off(settings, history),
     )
 
     def count(target: str, action: Action, phase: str, outcome: Outcome | None) -> None:
@@ -266,6 +268,14 @@ def _supervisor(
         exits=bus.exits,
         stuck=bus.stuck if guard is not None else None,
     )
+
+
+def _hand_off(settings: WatchSettings, history: ActionHistory) -> BundleHandOff | None:
+    """--bundle-command's runner (cli/options.py checked at start that the program is there)."""
+    r = settings.recovery
+    if not r.bundle_command:
+        return None
+    return BundleHandOff(r.bundle_command, r.bundle_command_timeout_s, history, settings.url)
 
 
 def _pod_labels() -> dict[str, str]:

@@ -49,8 +49,19 @@ def test_helm_lint_is_clean_in_strict_mode(name: str) -> None:
             {"guard": {"enabled": True, "drainSeconds": 55}},
             "terminationGracePeriodSeconds must be >= guard.drainSeconds \\+ 10",
         ),
+        (
+            {"persistence": {"enabled": True}, "engine": {"replicas": 2}},
+            "persistence.enabled with engine.replicas > 1",
+        ),
     ],
-    ids=["podSecurity", "liveness-too-eager", "engine-name", "inject-and-engine", "grace"],
+    ids=[
+        "podSecurity",
+        "liveness-too-eager",
+        "engine-name",
+        "inject-and-engine",
+        "grace",
+        "persistence-replicas",
+    ],
 )
 def test_values_that_would_break_the_pod_are_refused(values: Obj, message: str) -> None:
     import helm_python as helm
@@ -238,3 +249,63 @@ def test_the_grace_period_covers_the_guard_s_drain() -> None:
     assert "25" in drains, drains
     pods = [o["spec"]["template"]["spec"] for o in objs if o["kind"] == "Deployment"]
     assert pods and all(p["terminationGracePeriodSeconds"] >= 25 + 10 for p in pods)
+
+
+def _incidents_volume(objs: list[Obj]) -> Obj:
+    (pod,) = [o["spec"]["template"]["spec"] for o in objs if o["kind"] == "Deployment"]
+    volumes: list[Obj] = pod["volumes"]
+    (volume,) = [v for v in volumes if v["name"] == "engine-watchdog-incidents"]
+    sidecar = next(c for c in pod["containers"] if c["name"] == "engine-watchdog")
+    (mount,) = [v for v in sidecar["volumeMounts"] if v["name"] == "engine-watchdog-incidents"]
+    assert mount["mountPath"] == "/var/lib/engine-watchdog/incidents"  # config.incident-dir
+    return volume
+
+
+def _claims(objs: list[Obj]) -> list[Obj]:
+    return [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
+
+
+def test_persistence_gives_the_incident_dir_a_claim_kept_on_uninstall() -> None:
+    values = {"persistence": {"enabled": True, "size": "50Gi", "storageClass": "fast-ssd"}}
+    objs = m.render_chart(m.CHART, values)
+    (claim,) = _claims(objs)
+    assert claim["metadata"]["name"] == "engine-watchdog-incidents"
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    assert claim["spec"]["storageClassName"] == "fast-ssd"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    volume = _incidents_volume(objs)
+    assert volume == {
+        "name": "engine-watchdog-incidents",
+        "persistentVolumeClaim": {"claimName": "engine-watchdog-incidents"},
+    }
+    for check in checks.ALL_CHECKS:  # every pod promise still holds with the claim
+        check(m.Rendering("persistence", "helm", objs, m.Expect()))
+
+
+@pytest.mark.parametrize(
+    ("values", "claim_name", "made"),
+    [
+        ({"persistence": {"enabled": True, "existingClaim": "evidence"}}, "evidence", False),
+        ({"incidents": {"persistentVolumeClaim": "older"}}, "older", False),
+        (
+            {"persistence": {"enabled": True, "storageClass": "-"}},
+            "engine-watchdog-incidents",
+            True,
+        ),
+        ({}, None, False),
+    ],
+    ids=["existing-claim", "older-value", "no-class", "off"],
+)
+def test_the_incident_dir_s_volume_follows_the_values(
+    values: Obj, claim_name: str | None, made: bool
+) -> None:
+    objs = m.render_chart(m.CHART, values)
+    volume = _incidents_volume(objs)
+    if claim_name is None:
+        assert "emptyDir" in volume and not _claims(objs)
+        return
+    assert volume["persistentVolumeClaim"] == {"claimName": claim_name}
+    assert len(_claims(objs)) == int(made)
+    if made:
+        assert _claims(objs)[0]["spec"]["storageClassName"] == ""

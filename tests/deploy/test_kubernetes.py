@@ -12,7 +12,14 @@ import pytest
 import yaml
 
 from tests.deploy.manifests import Expect, Obj, Rendering, kustomize_renderings, render_kustomize
-from tests.deploy.pod_checks import ENGINE, SIDECAR, check_capabilities, container, workloads
+from tests.deploy.pod_checks import (
+    ALL_CHECKS,
+    ENGINE,
+    SIDECAR,
+    check_capabilities,
+    container,
+    workloads,
+)
 from tests.deploy.tools import KUBERNETES_DIR, KUBERNETES_VERSION, PROMETHEUS_DIR
 
 
@@ -80,3 +87,32 @@ def test_podmonitors_select_the_sidecar_and_vllm(rendered: dict[str, list[Obj]])
         (relabel,) = endpoint["relabelings"]
         jobs[endpoint["port"]] = relabel["replacement"]
     assert jobs == {"watchdog": "engine-watchdog", "http": "vllm"}
+
+
+def test_the_incidents_pvc_component_puts_the_incident_dir_on_a_claim(tmp_path: Path) -> None:
+    """Bundles that outlive the pod with kustomize: the claim replaces the emptyDir (one source
+    per volume), and every pod promise of the default variant still holds."""
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES_DIR, tree)
+    overlay = tree / "overlays" / "persistent"
+    overlay.mkdir()
+    components = ["watchdog-sidecar", "ptrace", "incidents-pvc"]
+    doc = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["../../base"],
+        "components": [f"../../components/{c}" for c in components],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    objs = render_kustomize(overlay)
+    (claim,) = [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
+    (dep,) = workloads(objs)
+    volumes = dep["spec"]["template"]["spec"]["volumes"]
+    (incidents,) = [v for v in volumes if v["name"] == "engine-watchdog-incidents"]
+    name = claim["metadata"]["name"]
+    assert incidents == {
+        "name": "engine-watchdog-incidents",
+        "persistentVolumeClaim": {"claimName": name},
+    }
+    for check in ALL_CHECKS:
+        check(Rendering("persistent", "kustomize", objs, Expect(api_key=True)))

@@ -20,6 +20,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ include "engine-watchdog.fullname" . }}
 {{- end -}}
 
+{{/* The incident dir's claim: persistence's (given or the chart's own), the older
+incidents.persistentVolumeClaim, or none (an emptyDir). */}}
+{{- define "engine-watchdog.incidentsClaim" -}}
+{{- $p := .Values.persistence -}}
+{{- if $p.enabled -}}
+{{- $p.existingClaim | default (printf "%s-incidents" (include "engine-watchdog.fullname" .)) -}}
+{{- else -}}
+{{- .Values.incidents.persistentVolumeClaim -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Fail early on values that would render a pod that does not do what was asked. */}}
 {{- define "engine-watchdog.validate" -}}
 {{- if not (has .Values.podSecurity (list "ptrace" "baseline")) -}}
@@ -29,6 +40,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if lt (mul (int .Values.liveness.periodSeconds) (int .Values.liveness.failureThreshold)) 30 -}}
 {{- fail "liveness: periodSeconds x failureThreshold must be >= 30 s, or a watchdog restart restarts a healthy engine" -}}
 {{- end -}}
+{{- end -}}
+{{- if and .Values.persistence.enabled .Values.engine.enabled (gt (int .Values.engine.replicas) 1) -}}
+{{- fail "persistence.enabled with engine.replicas > 1: the replicas would share one claim and one action history; use config.bundle-command to copy bundles out instead" -}}
 {{- end -}}
 {{- if and .Values.engine.enabled .Values.inject.manifests -}}
 {{- fail "inject.manifests is for the post-renderer: set engine.enabled=false with it" -}}
@@ -169,7 +183,7 @@ volumeMounts:
   emptyDir:
     sizeLimit: {{ .Values.dumps.sizeLimit }}
 - name: engine-watchdog-incidents
-  {{- with .Values.incidents.persistentVolumeClaim }}
+  {{- with include "engine-watchdog.incidentsClaim" . }}
   persistentVolumeClaim:
     claimName: {{ . }}
   {{- else }}
