@@ -85,6 +85,11 @@ def watch(**kw: Any) -> None:
         raise SettingsError("--record takes one engine; record each engine separately")
     if process.guard_listen and len(urls) > 1:
         raise SettingsError("--guard-listen takes one engine; run one guard per engine")
+    if base.report.readiness_gate and len(urls) > 1:
+        raise SettingsError(
+            "--readiness-gate takes one engine: it sets the condition of the pod the sidecar "
+            "shares with it"
+        )
     sys.exit(run_loop(run_watch(for_each(base, urls), process), process))
 
 

@@ -41,7 +41,7 @@ from engine_watchdog.net.access import load_api_key, tls_context
 
 
 def _events_target(value: str) -> str | None:
-    """--k8s-events: 'in-cluster', a URL, or the ConfigMap's boolean 'true'."""
+    """--k8s-events, --readiness-gate: 'in-cluster', a URL, or the ConfigMap's boolean 'true'."""
     if not value or value.lower() in ("false", "0", "no"):
         return None
     if value.lower() in ("true", "1", "yes", "in-cluster"):
@@ -320,6 +320,15 @@ REPORT = OptionGroup(
         "k8s_events",
         "Post Kubernetes Events on the pod for stalls and actions: 'in-cluster' "
         "(the events-rbac component), or an API URL such as kubectl proxy's.",
+        str,
+        convert=_events_target,
+    ),
+    Opt(
+        "--readiness-gate",
+        "readiness_gate",
+        "Set this pod's condition engine-watchdog.io/progressing (False while stalled, True "
+        "otherwise) for its readinessGates: 'in-cluster' (the readiness-gate component), or an "
+        "API URL. Off by default.",
         str,
         convert=_events_target,
     ),

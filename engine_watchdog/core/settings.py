@@ -189,6 +189,9 @@ class ReportSettings:
     """Post Kubernetes Events for stalls and actions: "in-cluster", or an API base URL."""
     alertmanager: str | None = None
     """Alertmanager base URL: push EngineStalled alerts there (API v2), resolve on recovery."""
+    readiness_gate: str | None = None
+    """Set the pod's condition engine-watchdog.io/progressing from the verdicts: "in-cluster",
+    or an API base URL (the pod's readinessGates name it)."""
 
 
 REQUEST_ACTIONS = ("abort", "report")

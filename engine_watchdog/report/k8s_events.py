@@ -1,56 +1,24 @@
 """Kubernetes Events for incidents: a stall and each recovery action become an Event on the
 engine's pod (``kubectl describe pod`` and ``kubectl get events`` show them).
 
-In-cluster only: the API server from KUBERNETES_SERVICE_HOST/PORT, the service account's token
-and CA from the projected volume, the pod from the downward API (POD_NAME, POD_NAMESPACE,
-POD_UID; deploy/kubernetes/components/events-rbac). No Kubernetes client library: one POST.
+The pod, the API server and the credentials as report/k8s_api.py finds them (the downward API's
+POD_NAME, POD_NAMESPACE, POD_UID; deploy/kubernetes/components/events-rbac). One POST each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import ssl
-from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from engine_watchdog.core.model import Outcome, State, Transition, Verdict
-from engine_watchdog.net.http import error_text
+from engine_watchdog.report.k8s_api import PodRef, call, pod_from_env
 
+__all__ = ["EventsReporter", "PodRef", "pod_from_env"]
 log = logging.getLogger(__name__)
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
-
-@dataclass(frozen=True)
-class PodRef:
-    api: str
-    """API server base URL."""
-    namespace: str
-    name: str
-    uid: str
-    token_file: Path | None = SA_DIR / "token"
-    ca_file: Path | None = SA_DIR / "ca.crt"
-
-
-def pod_from_env(api: str | None = None, env: dict[str, str] | None = None) -> PodRef:
-    """The pod this watchdog runs in; ValueError naming what is missing. ``api`` overrides the
-    in-cluster API server (e.g. http://127.0.0.1:8001 behind ``kubectl proxy``)."""
-    env = dict(os.environ if env is None else env)
-    needed = ("POD_NAME", "POD_NAMESPACE") + (() if api else ("KUBERNETES_SERVICE_HOST",))
-    missing = [k for k in needed if not env.get(k)]
-    if missing:
-        raise ValueError(
-            f"--k8s-events needs {', '.join(missing)} (the events-rbac component sets them)"
-        )
-    if not api:
-        host, port = env["KUBERNETES_SERVICE_HOST"], env.get("KUBERNETES_SERVICE_PORT", "443")
-        api = f"https://{host}:{port}"
-    return PodRef(api.rstrip("/"), env["POD_NAMESPACE"], env["POD_NAME"], env.get("POD_UID", ""))
 
 
 def _now() -> str:
@@ -121,22 +89,5 @@ class EventsReporter:
                 log.warning("kubernetes event %s not posted: %s", event["reason"], exc)
 
     async def _post(self, event: dict[str, Any]) -> None:
-        url = f"{self.pod.api}/api/v1/namespaces/{self.pod.namespace}/events"
-        headers = {}
-        if self.pod.token_file is not None and self.pod.token_file.exists():
-            # Projected tokens rotate: read it for every request.
-            token = await asyncio.to_thread(self.pod.token_file.read_text)
-            headers["Authorization"] = f"Bearer {token.strip()}"
-        ctx: ssl.SSLContext | bool = _tls(self.pod.ca_file) if url.startswith("https") else True
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with self.session.post(
-            url, json=event, headers=headers, ssl=ctx, timeout=timeout
-        ) as r:
-            if r.status // 100 != 2:
-                raise RuntimeError(f"HTTP {r.status}: {await error_text(r)}")
-
-
-def _tls(ca_file: Path | None) -> ssl.SSLContext:
-    if ca_file is not None and ca_file.exists():
-        return ssl.create_default_context(cafile=str(ca_file))
-    return ssl.create_default_context()
+        path = f"/api/v1/namespaces/{self.pod.namespace}/events"
+        await call(self.session, self.pod, "POST", path, event, timeout_s=self.timeout_s)

@@ -67,6 +67,20 @@ class WatchdogMetrics:
             "Action-history records that could not be written to disk (recovery went on).",
             "target",
         )
+        self.readiness_flips = _counter(
+            r,
+            "readiness_flips",
+            "Flips of the pod's readiness-gate condition, by the status it flipped to "
+            "(rate() of it: flaps per second).",
+            "target",
+            "status",
+        )
+        self.readiness_errors = _counter(
+            r,
+            "readiness_patch_errors",
+            "PATCHes of the readiness-gate condition the API server did not take (tried again).",
+            "target",
+        )
         self.scrape_duration = Histogram(
             PREFIX + "scrape_duration_seconds",
             "Duration of the engine /metrics scrape.",
@@ -89,6 +103,12 @@ class WatchdogMetrics:
         for probe in PROBES:
             self.probe_errors.labels(target, probe)
         self.history_write_errors.labels(target)
+
+    def start_readiness(self, target: str) -> None:
+        """--readiness-gate is on for ``target``: its counters at 0."""
+        for status in ("True", "False"):
+            self.readiness_flips.labels(target, status)
+        self.readiness_errors.labels(target)
 
     def observe_probe(self, target: str, probe: str, t: float, ok: bool) -> None:
         if ok:

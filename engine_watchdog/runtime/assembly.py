@@ -31,8 +31,10 @@ from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.orphans import end_orphan, pid_file
 from engine_watchdog.recovery.supervise import ChildEngine, EngineExited
 from engine_watchdog.report.alertmanager import AlertmanagerReporter
-from engine_watchdog.report.k8s_events import EventsReporter, pod_from_env
+from engine_watchdog.report.k8s_api import pod_for
+from engine_watchdog.report.k8s_events import EventsReporter
 from engine_watchdog.report.metrics import WatchdogMetrics
+from engine_watchdog.report.readiness import ReadinessGate
 from engine_watchdog.runtime.events import Channel, RequestsStuck
 from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.recording import TraceWriter
@@ -116,6 +118,7 @@ async def assemble(
     ]
     tasks: dict[str, Task] = {}
     pushers = _pushers(settings, session, tasks)
+    gate = _readiness_gate(settings, session, metrics, tasks)
     # One history for every restart, whoever asks for it (a stall, the child's exit).
     history = await _history(settings, metrics)
     child = None
@@ -126,6 +129,8 @@ async def assemble(
     if supervisor:
         reporters.append(supervisor)
     reporters += pushers
+    if gate is not None:
+        reporters.append(gate)
     return Target(settings, connection, watcher, reporters, supervisor, child, writer, guard, tasks)
 
 
@@ -136,10 +141,7 @@ def _pushers(
     pushers: list[Pusher] = []
     if settings.report.k8s_events:
         where = settings.report.k8s_events
-        try:
-            pod = pod_from_env(None if where == "in-cluster" else where)
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
+        pod = pod_for(where, "--k8s-events", "events-rbac")
         pushers.append(EventsReporter(session, pod))
         tasks[f"k8s-events:{settings.url}"] = pushers[-1].run()
     if settings.report.alertmanager:
@@ -148,6 +150,29 @@ def _pushers(
         )
         tasks[f"alertmanager:{settings.url}"] = pushers[-1].run()
     return pushers
+
+
+def _readiness_gate(
+    settings: WatchSettings,
+    session: aiohttp.ClientSession,
+    metrics: WatchdogMetrics,
+    tasks: dict[str, Task],
+) -> ReadinessGate | None:
+    """--readiness-gate: the pod's condition from the verdicts, PATCHed by a task of its own."""
+    where = settings.report.readiness_gate
+    if not where:
+        return None
+    pod = pod_for(where, "--readiness-gate", "readiness-gate")
+    target = settings.url
+    metrics.start_readiness(target)
+    gate = ReadinessGate(
+        session,
+        pod,
+        on_flip=lambda status: metrics.readiness_flips.labels(target, status).inc(),
+        on_error=metrics.readiness_errors.labels(target).inc,
+    )
+    tasks[f"readiness-gate:{target}"] = gate.run()
+    return gate
 
 
 async def _guard(
