@@ -69,6 +69,7 @@ class Expect:
     ptrace: bool = True
     liveness: bool = False
     events: bool = False
+    readiness: bool = False  # the readiness gate: readinessGates, a Role on pods/status
     guard: bool = False
     api_key: bool = False  # engine and sidecar read the key from one Secret
     alertmanager: str = ""
@@ -91,6 +92,7 @@ KUSTOMIZE_EXPECT = {  # the base engine and the sidecar read the optional Secret
     "liveness": Expect(liveness=True, api_key=True),
     "events": Expect(events=True, api_key=True),
     "guard": Expect(guard=True, api_key=True),
+    "readiness": Expect(events=True, readiness=True, api_key=True),
 }
 
 
@@ -135,6 +137,11 @@ HELM_VALUES: dict[str, tuple[Obj, Expect]] = {
     "baseline": ({"podSecurity": "baseline"}, Expect(ptrace=False)),
     "liveness": ({"liveness": {"enabled": True}}, Expect(liveness=True)),
     "events": ({"events": {"enabled": True}}, Expect(events=True)),
+    "readiness": ({"readinessGate": {"enabled": True}}, Expect(readiness=True)),
+    "readiness-events": (
+        {"readinessGate": {"enabled": True}, "events": {"enabled": True}},
+        Expect(events=True, readiness=True),
+    ),
     "guard-key-alerts": (
         {
             "guard": {"enabled": True},

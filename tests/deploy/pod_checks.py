@@ -202,18 +202,58 @@ def _ours(objs: list[Obj], kind: str) -> list[Obj]:
     ]
 
 
+def _rbac(r: Rendering, resources: list[str]) -> tuple[list[Obj], list[Obj]]:
+    """Our Roles whose rules are on ``resources``, and the RoleBindings that name them."""
+    roles = [
+        o for o in _ours(r.objs, "Role") if [x["resources"] for x in o["rules"]] == [resources]
+    ]
+    names = {o["metadata"]["name"] for o in roles}
+    bindings = [o for o in _ours(r.objs, "RoleBinding") if o["roleRef"]["name"] in names]
+    return roles, bindings
+
+
 def check_events(r: Rendering) -> None:
-    roles, bindings = _ours(r.objs, "Role"), _ours(r.objs, "RoleBinding")
+    roles, bindings = _rbac(r, ["events"])
+    if not (r.expect.events or r.expect.readiness):
+        assert not _ours(r.objs, "Role") and not _ours(r.objs, "RoleBinding"), r.name
+        assert not _ours(r.objs, "ServiceAccount"), r.name
     if not r.expect.events:
-        assert not roles and not bindings and not _ours(r.objs, "ServiceAccount"), r.name
+        assert not roles and not bindings, r.name
         for where, w in each(r):
             assert "ENGINE_WATCHDOG_K8S_EVENTS" not in configmap(r.objs, w), where
         return
     assert len(roles) == 1 and len(bindings) == 1, (r.name, "one Role and one RoleBinding")
     (role,), (binding,) = roles, bindings
-    assert [r_["resources"] for r_ in role["rules"]] == [["events"]], r.name
     assert {v for r_ in role["rules"] for v in r_["verbs"]} == {"create", "patch"}, r.name
-    assert binding["roleRef"]["name"] == role["metadata"]["name"], r.name
+    _sidecar_token(r, binding)
+    for where, w in each(r):
+        assert configmap(r.objs, w)["ENGINE_WATCHDOG_K8S_EVENTS"] == "true", where
+
+
+def check_readiness(r: Rendering) -> None:
+    """The readiness gate: the pod gates on the condition, the ConfigMap turns the sidecar's
+    PATCH on, and a Role may patch pods/status and nothing else."""
+    roles, bindings = _rbac(r, ["pods/status"])
+    if not r.expect.readiness:
+        assert not roles and not bindings, r.name
+        for where, w in each(r):
+            assert "readinessGates" not in pod(w), where
+            assert "ENGINE_WATCHDOG_READINESS_GATE" not in configmap(r.objs, w), where
+        return
+    assert len(roles) == 1 and len(bindings) == 1, (r.name, "one Role and one RoleBinding")
+    (role,), (binding,) = roles, bindings
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}
+    ], r.name
+    _sidecar_token(r, binding)
+    for where, w in each(r):
+        gates = pod(w)["readinessGates"]
+        assert gates == [{"conditionType": "engine-watchdog.io/progressing"}], where
+        assert configmap(r.objs, w)["ENGINE_WATCHDOG_READINESS_GATE"] == "true", where
+
+
+def _sidecar_token(r: Rendering, binding: Obj) -> None:
+    """The binding's ServiceAccount is the pod's; its token is the sidecar's alone."""
     subjects = {s["name"] for s in binding["subjects"]}
     for where, w in each(r):
         spec = pod(w)
@@ -222,7 +262,6 @@ def check_events(r: Rendering) -> None:
         mounts = {m["mountPath"] for m in container(w, SIDECAR)["volumeMounts"]}
         assert TOKEN_PATH in mounts, where
         assert TOKEN_PATH not in {m["mountPath"] for m in container(w, ENGINE)["volumeMounts"]}
-        assert configmap(r.objs, w)["ENGINE_WATCHDOG_K8S_EVENTS"] == "true", where
         assert {"POD_NAME", "POD_NAMESPACE", "POD_UID"} <= set(env(container(w, SIDECAR)))
 
 
@@ -271,6 +310,7 @@ ALL_CHECKS = (
     check_capabilities,
     check_liveness,
     check_events,
+    check_readiness,
     check_guard,
     check_api_key_and_alerts,
 )

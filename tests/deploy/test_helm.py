@@ -160,6 +160,7 @@ TEETH: dict[str, tuple[Callable[[m.Rendering], None], dict[str, Any]]] = {
     "ptrace-where-baseline-promised": (checks.check_capabilities, {"ptrace": False}),
     "no-liveness-where-promised": (checks.check_liveness, {"liveness": True}),
     "no-events-where-promised": (checks.check_events, {"events": True}),
+    "no-readiness-gate-where-promised": (checks.check_readiness, {"readiness": True}),
     "no-guard-where-promised": (checks.check_guard, {"guard": True}),
     "no-key-where-promised": (checks.check_api_key_and_alerts, {"api_key": True}),
     "two-workloads-promised": (checks.check_sidecar_shape, {"workloads": 2}),
@@ -239,6 +240,29 @@ def test_post_renderer_takes_statefulsets_and_honours_match_labels() -> None:
     rendering = m.Rendering("statefulset", "post-renderer", objs, m.Expect())
     for check in checks.ALL_CHECKS:
         check(rendering)
+
+
+def test_the_readiness_gate_keeps_a_workload_s_own_gates_and_service_account() -> None:
+    """Post-rendered over a workload that has readinessGates and a ServiceAccount of its own:
+    ours is added beside its gates, and the Role is bound to its ServiceAccount."""
+    doc = _workload("Deployment", "llm", {})
+    spec = doc["spec"]["template"]["spec"]
+    spec["readinessGates"] = [{"conditionType": "example.com/warm"}]
+    spec["serviceAccountName"] = "llm-sa"
+    values: Obj = {
+        "engine": {"enabled": False},
+        "inject": {"manifests": yaml.safe_dump(doc)},
+        "readinessGate": {"enabled": True},
+    }
+    objs = m.render_chart(m.CHART, values)
+    (watched,) = checks.workloads(objs)
+    assert checks.pod(watched)["readinessGates"] == [
+        {"conditionType": "example.com/warm"},
+        {"conditionType": "engine-watchdog.io/progressing"},
+    ]
+    (binding,) = [o for o in objs if o["kind"] == "RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llm-sa"}]
+    assert not [o for o in objs if o["kind"] == "ServiceAccount"]  # the workload's own
 
 
 def test_the_grace_period_covers_the_guard_s_drain() -> None:

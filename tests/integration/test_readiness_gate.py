@@ -150,7 +150,7 @@ async def test_the_stand_in_refuses_what_the_api_server_refuses(tmp_path: Path) 
             smp,
             {"status": {"conditions": [{**cond, "reason": "host-deadlock"}]}},
             422,
-        ),  # noqa: E501
+        ),
         ("PATCH", good, f"Bearer {TOKEN}", smp, {"status": {"phase": "Running"}}, 422),
         ("PATCH", good, f"Bearer {TOKEN}", smp, body, 200),
     ]

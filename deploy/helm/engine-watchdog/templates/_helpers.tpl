@@ -68,6 +68,9 @@ incidents.persistentVolumeClaim, or none (an emptyDir). */}}
 {{- if .Values.events.enabled -}}
 {{- $_ := set $data "ENGINE_WATCHDOG_K8S_EVENTS" "true" -}}
 {{- end -}}
+{{- if .Values.readinessGate.enabled -}}
+{{- $_ := set $data "ENGINE_WATCHDOG_READINESS_GATE" "true" -}}
+{{- end -}}
 {{- with .Values.alertmanager.url -}}
 {{- $_ := set $data "ENGINE_WATCHDOG_ALERTMANAGER" . -}}
 {{- end -}}
@@ -135,7 +138,7 @@ env:
   - name: ENGINE_WATCHDOG_API_KEY
     valueFrom: {{- toYaml . | nindent 6 }}
   {{- end }}
-  {{- if $v.events.enabled }}
+  {{- if or $v.events.enabled $v.readinessGate.enabled }}
   - name: POD_NAME
     valueFrom: {fieldRef: {fieldPath: metadata.name}}
   - name: POD_NAMESPACE
@@ -171,7 +174,7 @@ volumeMounts:
     mountPath: {{ index $v.config "incident-dir" | default "/var/lib/engine-watchdog/incidents" }}
   - name: engine-watchdog-tmp
     mountPath: /tmp
-  {{- if $v.events.enabled }}
+  {{- if or $v.events.enabled $v.readinessGate.enabled }}
   - name: engine-watchdog-token
     mountPath: /var/run/secrets/kubernetes.io/serviceaccount
     readOnly: true
@@ -193,7 +196,7 @@ volumeMounts:
 - name: engine-watchdog-tmp
   emptyDir:
     sizeLimit: 1Gi
-{{- if .Values.events.enabled }}
+{{- if or .Values.events.enabled .Values.readinessGate.enabled }}
 - name: engine-watchdog-token
   projected:
     sources:

@@ -37,7 +37,12 @@ agree between containers (the CUDA dump pipe names carry them). */ -}}
 {{- $sidecar := include "engine-watchdog.container" (dict "root" $root "apiKeyEnv" $keyRef "runAs" $runAs) | fromYaml -}}
 {{- $_ := set $pod "containers" (append $pod.containers $sidecar) -}}
 {{- $_ := set $pod "volumes" (concat ($pod.volumes | default list) (include "engine-watchdog.volumes" $root | fromYamlArray)) -}}
-{{- if $v.events.enabled -}}
+{{- if $v.readinessGate.enabled -}}
+{{- /* Ready only while the watchdog's condition is True (it sets it: docs/kubernetes.md). */ -}}
+{{- $gate := dict "conditionType" "engine-watchdog.io/progressing" -}}
+{{- $_ := set $pod "readinessGates" (append ($pod.readinessGates | default list) $gate | uniq) -}}
+{{- end -}}
+{{- if or $v.events.enabled $v.readinessGate.enabled -}}
 {{- if not $pod.serviceAccountName -}}
 {{- $_ := set $pod "serviceAccountName" (include "engine-watchdog.serviceAccountName" $root) -}}
 {{- $_ := set $pod "automountServiceAccountToken" false -}}{{/* the engine gets no token */}}
