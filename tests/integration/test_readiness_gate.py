@@ -163,3 +163,50 @@ async def test_the_stand_in_refuses_what_the_api_server_refuses(tmp_path: Path) 
     finally:
         await api.stop()
     assert api.statuses() == ["False"]
+
+
+async def test_one_patch_per_change_and_the_transition_time_kept_within_a_status(
+    tmp_path: Path,
+) -> None:
+    """The evidence changes every round while stalled: no PATCH for that; a new cause is a new
+    reason with the same lastTransitionTime; a new status is a new one, and a flip."""
+    import asyncio
+
+    import aiohttp
+
+    from engine_watchdog.core.model import State, Verdict
+    from engine_watchdog.report.k8s_api import PodRef
+    from engine_watchdog.report.readiness import ReadinessGate
+
+    api = FakeApi("llm", "vllm-0", TOKEN)
+    base = await api.start(None)
+    stamps = iter(f"2026-01-01T00:00:0{i}Z" for i in range(10))
+    flips: list[str] = []
+    async with aiohttp.ClientSession() as session:
+        (tmp_path / "token").write_text(TOKEN)
+        pod = PodRef(base, "llm", "vllm-0", "u", token_file=tmp_path / "token", ca_file=None)
+        gate = ReadinessGate(session, pod, flips.append, lambda: None, stamp=lambda: next(stamps))
+        task = asyncio.create_task(gate.run())
+        try:
+            steps: list[tuple[State, str | None, tuple[str, ...]]] = [
+                (State.IDLE, None, ()),
+                (State.STALLED, "no-progress", ("a",)),
+                (State.STALLED, "no-progress", ("b",)),  # evidence only: no PATCH
+                (State.STALLED, "host-deadlock", ("c",)),
+                (State.PROGRESSING, None, ()),
+            ]
+            for n, (state, cause, evidence) in enumerate(steps):
+                verdict = Verdict(float(n), "0", state, cause, evidence=evidence)
+                gate.report("t", [], {"0": verdict})
+                await eventually(lambda: gate.applied == gate.want, timeout=10, what="applied")
+        finally:
+            task.cancel()
+            await api.stop()
+    seen = [(c["status"], c["reason"], c["lastTransitionTime"]) for _, c in api.conditions]
+    assert seen == [
+        ("True", "Progressing", "2026-01-01T00:00:00Z"),
+        ("False", "NoProgress", "2026-01-01T00:00:01Z"),
+        ("False", "HostDeadlock", "2026-01-01T00:00:01Z"),
+        ("True", "Progressing", "2026-01-01T00:00:02Z"),
+    ]
+    assert flips == ["False", "True"]
