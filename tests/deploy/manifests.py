@@ -69,7 +69,7 @@ class Expect:
     ptrace: bool = True
     liveness: bool = False
     events: bool = False
-    readiness: bool = False  # the readiness gate: readinessGates, a Role on pods/status
+    readiness: bool = True  # the readiness gate (the default): readinessGates, pods/status Role
     guard: bool = False
     api_key: bool = False  # engine and sidecar read the key from one Secret
     alertmanager: str = ""
@@ -92,7 +92,6 @@ KUSTOMIZE_EXPECT = {  # the base engine and the sidecar read the optional Secret
     "liveness": Expect(liveness=True, api_key=True),
     "events": Expect(events=True, api_key=True),
     "guard": Expect(guard=True, api_key=True),
-    "readiness": Expect(events=True, readiness=True, api_key=True),
 }
 
 
@@ -137,11 +136,7 @@ HELM_VALUES: dict[str, tuple[Obj, Expect]] = {
     "baseline": ({"podSecurity": "baseline"}, Expect(ptrace=False)),
     "liveness": ({"liveness": {"enabled": True}}, Expect(liveness=True)),
     "events": ({"events": {"enabled": True}}, Expect(events=True)),
-    "readiness": ({"readinessGate": {"enabled": True}}, Expect(readiness=True)),
-    "readiness-events": (
-        {"readinessGate": {"enabled": True}, "events": {"enabled": True}},
-        Expect(events=True, readiness=True),
-    ),
+    "no-readiness": ({"readinessGate": {"enabled": False}}, Expect(readiness=False)),
     "guard-key-alerts": (
         {
             "guard": {"enabled": True},

@@ -183,6 +183,10 @@ def check_liveness(r: Rendering) -> None:
     for where, w in each(r):
         probe = container(w, ENGINE).get("livenessProbe")
         actions = configmap(r.objs, w)["ENGINE_WATCHDOG_ACTION"].split(",")
+        # The default on Kubernetes: answer + capture (+ the readiness gate); no rung that
+        # ends the engine unless asked for (liveness below).
+        assert actions[:2] == ["answer", "capture"], where
+        assert not {"abort", "restart"} & set(actions), where
         if not r.expect.liveness:
             assert probe is None or r.expect.own_liveness_ok, where
             assert probe is None or probe.get("httpGet", {}).get("port") != 9400, where
@@ -191,7 +195,7 @@ def check_liveness(r: Rendering) -> None:
         assert probe is not None, where
         assert probe["httpGet"] == {"path": "/livez", "port": 9400}, where
         assert probe["periodSeconds"] * probe["failureThreshold"] >= 30, where
-        assert actions == ["capture", "liveness"], where
+        assert actions == ["answer", "capture", "liveness"], where
 
 
 def _ours(objs: list[Obj], kind: str) -> list[Obj]:

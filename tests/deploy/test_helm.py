@@ -93,7 +93,13 @@ def test_post_renderer_leaves_everything_else_alone(stack_chart: Path) -> None:
     before, after = {key(o): o for o in stack}, {key(o): o for o in out}
     (watched,) = checks.workloads(out)
     added = {key(o) for o in out if checks.OURS.items() <= o["metadata"].get("labels", {}).items()}
-    assert set(after) - set(before) == added == {("ConfigMap", "engine-watchdog")}
+    # Ours: the settings, and the readiness gate's identity and Role (on by default).
+    assert set(after) - set(before) == added == {
+        ("ConfigMap", "engine-watchdog"),
+        ("ServiceAccount", "engine-watchdog"),
+        ("Role", "engine-watchdog-readiness"),
+        ("RoleBinding", "engine-watchdog-readiness"),
+    }
     for k, obj in before.items():
         if k != key(watched):
             assert after[k] == obj, k  # the router, its Service, the Secret, ...: untouched
@@ -160,7 +166,7 @@ TEETH: dict[str, tuple[Callable[[m.Rendering], None], dict[str, Any]]] = {
     "ptrace-where-baseline-promised": (checks.check_capabilities, {"ptrace": False}),
     "no-liveness-where-promised": (checks.check_liveness, {"liveness": True}),
     "no-events-where-promised": (checks.check_events, {"events": True}),
-    "no-readiness-gate-where-promised": (checks.check_readiness, {"readiness": True}),
+    "a-readiness-gate-where-none-promised": (checks.check_readiness, {"readiness": False}),
     "no-guard-where-promised": (checks.check_guard, {"guard": True}),
     "no-key-where-promised": (checks.check_api_key_and_alerts, {"api_key": True}),
     "two-workloads-promised": (checks.check_sidecar_shape, {"workloads": 2}),

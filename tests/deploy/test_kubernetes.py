@@ -96,7 +96,13 @@ def test_the_incidents_pvc_component_puts_the_incident_dir_on_a_claim(tmp_path: 
     shutil.copytree(KUBERNETES_DIR, tree)
     overlay = tree / "overlays" / "persistent"
     overlay.mkdir()
-    components = ["watchdog-sidecar", "ptrace", "incidents-pvc"]
+    components = [
+        "watchdog-sidecar",
+        "ptrace",
+        "service-account",
+        "readiness-gate",
+        "incidents-pvc",
+    ]
     doc = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -116,3 +122,33 @@ def test_the_incidents_pvc_component_puts_the_incident_dir_on_a_claim(tmp_path: 
     }
     for check in ALL_CHECKS:
         check(Rendering("persistent", "kustomize", objs, Expect(api_key=True)))
+
+
+DEFAULTS_SENTENCE = "The default on Kubernetes: answer + capture + readiness, restarts opt-in"
+
+
+def test_the_default_actions_agree_in_kustomize_helm_and_docs(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    """One production default, said by the default overlay, the chart's defaults and both
+    pages: answer + capture, the readiness gate on, no rung that ends the engine."""
+    from tests.deploy import manifests as m
+    from tests.deploy.pod_checks import configmap, pod
+    from tests.deploy.tools import DEPLOY
+
+    chart_objs = m.render_chart(m.CHART, {})
+    for source, objs in (("kustomize", rendered["default"]), ("helm", chart_objs)):
+        (dep,) = workloads(objs)
+        config = configmap(objs, dep)
+        assert config["ENGINE_WATCHDOG_ACTION"] == "answer,capture", source
+        assert config["ENGINE_WATCHDOG_READINESS_GATE"] == "true", source
+        gates = pod(dep)["readinessGates"]
+        assert gates == [{"conditionType": "engine-watchdog.io/progressing"}], source
+    docs = DEPLOY.parent / "docs"
+    kubernetes_md = (docs / "kubernetes.md").read_text()
+    helm_md = (docs / "helm.md").read_text()
+    for page, text in (("kubernetes.md", kubernetes_md), ("helm.md", helm_md)):
+        assert DEFAULTS_SENTENCE in " ".join(text.replace("*", "").split()), page
+    assert "`ENGINE_WATCHDOG_ACTION=answer,capture`" in kubernetes_md
+    assert "| `readinessGate.enabled` | `true` |" in helm_md
+    assert "`config.action: answer,capture`" in helm_md

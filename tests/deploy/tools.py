@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 KUBERNETES_DIR = DEPLOY / "kubernetes"
-OVERLAYS = ("default", "baseline", "liveness", "events", "guard", "readiness")
+OVERLAYS = ("default", "baseline", "liveness", "events", "guard")
 KUBERNETES_VERSION = "1.32.0"
 """Schemas the rendered objects are validated against (kubernetes-validate bundles them)."""
 
