@@ -94,12 +94,16 @@ def test_post_renderer_leaves_everything_else_alone(stack_chart: Path) -> None:
     (watched,) = checks.workloads(out)
     added = {key(o) for o in out if checks.OURS.items() <= o["metadata"].get("labels", {}).items()}
     # Ours: the settings, and the readiness gate's identity and Role (on by default).
-    assert set(after) - set(before) == added == {
-        ("ConfigMap", "engine-watchdog"),
-        ("ServiceAccount", "engine-watchdog"),
-        ("Role", "engine-watchdog-readiness"),
-        ("RoleBinding", "engine-watchdog-readiness"),
-    }
+    assert (
+        set(after) - set(before)
+        == added
+        == {
+            ("ConfigMap", "engine-watchdog"),
+            ("ServiceAccount", "engine-watchdog"),
+            ("Role", "engine-watchdog-readiness"),
+            ("RoleBinding", "engine-watchdog-readiness"),
+        }
+    )
     for k, obj in before.items():
         if k != key(watched):
             assert after[k] == obj, k  # the router, its Service, the Secret, ...: untouched
