@@ -86,6 +86,11 @@ OPTS = WatchdogOptions(
     engine_env=((STUCK_MARKER_ENV, "stuck"),),
 )
 HEALTHY_S = 45.0
+TEXT_PROMPT = "Tell me a story about a watchdog"
+"""A prompt whose greedy continuation by the tiny random model carries text. On the loader's
+default prompt it gives 75 tokens of text and then 225 whose text is empty (6.6 s of events
+with `"text": ""`, measured alone): no progress by the guard's rule (tokens, not events), so a
+healthy stream would be judged stuck. On this one, at most 9 tokens in a row are empty."""
 """Longer than the stall window (--stall-seconds, 30 s) and the request judge's 5 s: a healthy
 load that any of them misjudged would show here."""
 SAME_TEXT_SHARE = 0.95
@@ -233,7 +238,9 @@ async def test_only_the_stuck_request_is_answered_and_the_engine_drops_it(
     sup = supervised
     async with (
         aiohttp.ClientSession() as session,
-        StreamingLoad(GUARD, clients=3, max_tokens=300, model=SERVED_MODEL) as load,
+        StreamingLoad(
+            GUARD, clients=3, max_tokens=300, model=SERVED_MODEL, prompt=TEXT_PROMPT
+        ) as load,
     ):
         await load.wait_for(chunks=20, in_flight=3, timeout=60)
         body = completion(SERVED_MODEL, 1500)
