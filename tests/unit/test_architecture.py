@@ -24,6 +24,7 @@ LAYERS = (
     "capture",
     "recovery",
     "report",
+    "peers",
     "guard",
 )
 """Bottom up: a layer imports only from the layers below it, and from itself."""
