@@ -6,12 +6,11 @@ and the installed console script are real, and the watchdog finds the API as a p
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from engine_watchdog.core.redact import REDACTED
 from tests.integration.conftest import SimFactory, SimHttp
-from tests.tools.fake_k8s_api import FakeApi
+from tests.tools.fake_k8s_api import FakeApi, pod_env
 from tests.tools.stub_engine import self_signed, server_tls
 from tests.tools.watch import start_watch, stop_watch
 from tests.waiting import eventually
@@ -29,30 +28,11 @@ def engine_log() -> bytes:
     return head + body + f"ERROR the last line, key {KEY}\n".encode()
 
 
-def pod_env(tmp: Path, api: FakeApi, cert: Path) -> dict[str, str]:
-    """The sidecar's env in its pod: in-cluster API, the service account, the downward API, and
-    the chart's ConfigMap naming the engine container."""
-    sa = tmp / "serviceaccount"
-    sa.mkdir()
-    (sa / "token").write_text(TOKEN + "\n")
-    (sa / "ca.crt").write_bytes(cert.read_bytes())
-    return {
-        **os.environ,
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-        "KUBERNETES_SERVICE_PORT": str(api.port),
-        "ENGINE_WATCHDOG_SERVICEACCOUNT_DIR": str(sa),
-        "POD_NAME": "vllm-0",
-        "POD_NAMESPACE": "llm",
-        "ENGINE_WATCHDOG_POD_LOG": "vllm",
-        "VLLM_API_KEY": KEY,
-    }
-
-
 async def _stall_bundle(
     sim_factory: SimFactory, sim_http: SimHttp, tmp: Path, api: FakeApi, cert: Path
 ) -> Path:
     """One capture of a frozen simulator by ``watch --action capture``: the bundle."""
-    env = pod_env(tmp, api, cert)
+    env = pod_env(tmp, api, cert, ENGINE_WATCHDOG_POD_LOG="vllm", VLLM_API_KEY=KEY)
     sim = await sim_factory("--tokens-per-second", "30", env={"VLLM_API_KEY": KEY})
     incidents = tmp / "incidents"
     watch = await start_watch(

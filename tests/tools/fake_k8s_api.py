@@ -12,10 +12,12 @@ were tested against (docs/kubernetes.md says so).
 from __future__ import annotations
 
 import json
+import os
 import re
 import ssl
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -138,3 +140,26 @@ def _shape(doc: Any) -> str | None:
     if not RFC3339.match(c["lastTransitionTime"]):
         return f"lastTransitionTime {c['lastTransitionTime']!r} is not RFC 3339"
     return None
+
+
+def pod_env(
+    tmp: Path, api: FakeApi, cert: Path, token: str | None = None, **settings: str
+) -> dict[str, str]:
+    """The env a sidecar has in its pod, in-cluster (no API URL given): the API server's host
+    and port, the service account's token and CA (moved by ENGINE_WATCHDOG_SERVICEACCOUNT_DIR),
+    the downward API's pod, and ``settings`` as the chart's ConfigMap would set them. ``token``:
+    what the token file holds, if not the token the API takes (one about to rotate)."""
+    sa = tmp / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text((token or api.token) + "\n")
+    (sa / "ca.crt").write_bytes(cert.read_bytes())
+    return {
+        **os.environ,
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(api.port),
+        "ENGINE_WATCHDOG_SERVICEACCOUNT_DIR": str(sa),
+        "POD_NAME": api.pod,
+        "POD_NAMESPACE": api.namespace,
+        "POD_UID": "u-1",
+        **settings,
+    }
