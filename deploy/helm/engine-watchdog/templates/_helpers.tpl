@@ -53,6 +53,9 @@ incidents.persistentVolumeClaim, or none (an emptyDir). */}}
 {{- fail "engine.terminationGracePeriodSeconds must be >= guard.drainSeconds + 10, or the pod is killed mid-drain" -}}
 {{- end -}}
 {{- end -}}
+{{- if .Values.lws.enabled -}}
+{{- include "engine-watchdog.validateLWS" . -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The ConfigMap's data: every `watch` flag as ENGINE_WATCHDOG_<FLAG>. */}}
@@ -117,14 +120,24 @@ failureThreshold: {{ .Values.liveness.failureThreshold }}
 {{- end -}}
 
 {{/* The sidecar container. Argument: (dict "root" $ "apiKeyEnv" <valueFrom or nil>
-"runAs" <runAsUser/runAsGroup or nil>). */}}
+"runAs" <runAsUser/runAsGroup or nil> "role" <"" | "leader" | "worker">). On a LeaderWorkerSet
+(a role) it finds its group's sidecars through LWS's env (--peers=lws) and reads the peer
+secret; a worker's listens on the peer port. */}}
 {{- define "engine-watchdog.container" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
 name: engine-watchdog
 image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
 imagePullPolicy: {{ $v.image.pullPolicy }}
+{{- if .role }}
+args:
+  - watch # the engine URL and every other setting come from the ConfigMap
+  - --peers=lws # the group's pods from LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX
+  - {{ printf "--peer-port=%d" (int $v.lws.peer.port) }}
+  - --peer-secret-file=/var/run/engine-watchdog/peer/secret
+{{- else }}
 args: ["watch"] # the engine URL and every setting come from the ConfigMap
+{{- end }}
 envFrom:
   - configMapRef:
       name: {{ include "engine-watchdog.fullname" $root }}
@@ -138,7 +151,7 @@ env:
   - name: ENGINE_WATCHDOG_API_KEY
     valueFrom: {{- toYaml . | nindent 6 }}
   {{- end }}
-  {{- if or $v.events.enabled $v.readinessGate.enabled }}
+  {{- if or $v.events.enabled $v.readinessGate.enabled .role }}
   - name: POD_NAME
     valueFrom: {fieldRef: {fieldPath: metadata.name}}
   - name: POD_NAMESPACE
@@ -152,6 +165,10 @@ ports:
   {{- if $v.guard.enabled }}
   - name: guard
     containerPort: {{ $v.guard.port }}
+  {{- end }}
+  {{- if eq .role "worker" }}
+  - name: peer # the leader's sidecar asks this one for its node's ranks
+    containerPort: {{ $v.lws.peer.port }}
   {{- end }}
 # No readiness or liveness probe: a readiness probe would take the ENGINE out of its Service
 # whenever the watchdog hiccups; the watchdog exits non-zero when a loop dies.
@@ -179,9 +196,17 @@ volumeMounts:
     mountPath: /var/run/secrets/kubernetes.io/serviceaccount
     readOnly: true
   {{- end }}
+  {{- if .role }}
+  - name: engine-watchdog-peer
+    mountPath: /var/run/engine-watchdog/peer
+    readOnly: true
+  {{- end }}
 {{- end -}}
 
+{{/* The sidecar's volumes. Argument: (dict "root" $ "role" <"" | "leader" | "worker">). */}}
 {{- define "engine-watchdog.volumes" -}}
+{{- $role := .role -}}
+{{- with .root -}}
 - name: engine-watchdog-dumps
   emptyDir:
     sizeLimit: {{ .Values.dumps.sizeLimit }}
@@ -213,5 +238,15 @@ volumeMounts:
             - path: namespace
               fieldRef:
                 fieldPath: metadata.namespace
+{{- end }}
+{{- if $role }}
+- name: engine-watchdog-peer # the sidecar's alone: the engine does not mount it
+  secret:
+    secretName: {{ include "engine-watchdog.peerSecretName" . }}
+    defaultMode: 0440 # the engine's UID reads it: root, or the pod's fsGroup
+    items:
+      - key: {{ .Values.lws.peer.key }}
+        path: secret
+{{- end }}
 {{- end }}
 {{- end -}}

@@ -1,0 +1,256 @@
+"""Multi-node vLLM on a LeaderWorkerSet: the chart (``lws.enabled``) and the kustomize overlay
+``lws`` render a LeaderWorkerSet that LWS's own CRD schema accepts, whose leader and worker pods
+each keep every promise of the single-node sidecar (tests/deploy/pod_checks.py), and whose
+sidecars find each other on a free port with a Secret only they read."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.deploy import lws as L
+from tests.deploy import manifests as m
+from tests.deploy.pod_checks import (
+    ALL_CHECKS,
+    ENGINE,
+    SIDECAR,
+    TOKEN_PATH,
+    configmap,
+    container,
+    pod,
+    workloads,
+)
+from tests.deploy.tools import REPO
+
+Obj = dict[str, Any]
+CASES = list(L.LWS_CASES)
+ROLES = ("leader", "worker")
+PEER_DIR = L.PEER_SECRET_FILE.rsplit("/", 1)[0]
+
+
+def the_lws(case: str) -> Obj:
+    (lws,) = L.lws_objects(list(L.rendered(case)))
+    return lws
+
+
+def template(lws: Obj, role: str) -> Obj:
+    t: Obj = lws["spec"]["leaderWorkerTemplate"][f"{role}Template"]
+    return t
+
+
+def containers(lws: Obj, role: str) -> dict[str, Obj]:
+    return {c["name"]: c for c in template(lws, role)["spec"]["containers"]}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_leaderworkerset_validates_against_the_lws_crd(case: str) -> None:
+    assert L.validate_lws(the_lws(case)) == []
+
+
+def test_the_crd_check_has_teeth() -> None:
+    """A misspelt field, an unknown restart policy and a string size are each refused."""
+    good = the_lws("helm-lws")
+    bad = [copy.deepcopy(good) for _ in range(3)]
+    bad[0]["spec"]["leaderWorkerTemplate"]["restartPolicies"] = "None"
+    bad[1]["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "RestartOnFailure"
+    bad[2]["spec"]["leaderWorkerTemplate"]["size"] = "2"
+    for obj in bad:
+        assert L.validate_lws(obj), obj["spec"]["leaderWorkerTemplate"]
+
+
+@pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+@pytest.mark.parametrize(("case", "role"), [(c, r) for c in CASES for r in ROLES])
+def test_each_pod_of_the_group_keeps_the_sidecar_s_promises(
+    case: str, role: str, check: Callable[[m.Rendering], None]
+) -> None:
+    """Non-root as the engine, read-only root, ALL dropped, memory limit, no GPU taken, dumps
+    shared, the readiness gate on the leader only, ... for the leader's and the worker's pod."""
+    leader, worker = L.renderings(case)
+    check(leader if role == "leader" else worker)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_group_restarts_as_one_and_vllm_knows_its_nodes(case: str) -> None:
+    """RecreateGroupOnPodRestart; vLLM's --nnodes is the group's size; the leader is node rank
+    0 and serves, each worker is --headless at its LWS_WORKER_INDEX."""
+    lws = the_lws(case)
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert group["restartPolicy"] == "RecreateGroupOnPodRestart"
+    args = {role: containers(lws, role)[ENGINE]["args"] for role in ROLES}
+    for role in ROLES:
+        assert f"--nnodes={group['size']}" in args[role], role
+        assert "--master-addr=$(LWS_LEADER_ADDRESS)" in args[role], role
+    assert "--node-rank=0" in args["leader"] and "--headless" not in args["leader"]
+    assert "--node-rank=$(LWS_WORKER_INDEX)" in args["worker"] and "--headless" in args["worker"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_sidecars_find_each_other_on_a_free_port(case: str) -> None:
+    """Both sidecars run with the peer flags; the worker's listens on `peer`, a port no other
+    container of the pod has (the engine's 8000, the guard's 8001, the watchdog's 9400)."""
+    lws = the_lws(case)
+    for role in ROLES:
+        found = containers(lws, role)
+        sidecar = found[SIDECAR]
+        assert sidecar["args"] == ["watch", *L.PEER_FLAGS], role
+        ports = [p["containerPort"] for c in found.values() for p in c.get("ports", [])]
+        assert len(ports) == len(set(ports)), (role, ports)  # one network namespace per pod
+    worker_ports = {
+        p["name"]: p["containerPort"] for p in containers(lws, "worker")[SIDECAR]["ports"]
+    }
+    assert worker_ports["peer"] == L.PEER_PORT
+    engine_ports = {p["containerPort"] for p in containers(lws, "leader")[ENGINE]["ports"]}
+    assert L.PEER_PORT not in engine_ports | {8001, 9400}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_peer_secret_is_the_sidecars_alone_and_read_only(case: str) -> None:
+    objs = list(L.rendered(case))
+    lws = the_lws(case)
+    for role in ROLES:
+        spec = template(lws, role)["spec"]
+        (volume,) = [v for v in spec["volumes"] if "secret" in v]
+        secret = volume["secret"]
+        assert secret["items"] == [{"key": secret["items"][0]["key"], "path": "secret"}], role
+        assert secret["defaultMode"] == 0o440, role  # read-only, the owner and fsGroup
+        found = containers(lws, role)
+        (mount,) = [v for v in found[SIDECAR]["volumeMounts"] if v["name"] == volume["name"]]
+        assert mount == {"name": volume["name"], "mountPath": PEER_DIR, "readOnly": True}, role
+        engine_mounts = {v["name"] for v in found[ENGINE]["volumeMounts"]}
+        assert volume["name"] not in engine_mounts, role
+    names = {
+        v["secret"]["secretName"]
+        for r in ROLES
+        for v in template(lws, r)["spec"]["volumes"]
+        if "secret" in v
+    }
+    made = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Secret"}
+    (name,) = names
+    given = L.LWS_CASES[case].values.get("lws", {}).get("peer", {}).get("existingSecret")
+    if given or L.LWS_CASES[case].source == "kustomize":
+        assert name == (given or "engine-watchdog-peer") and name not in made  # the user's
+    else:
+        assert set(made) == {name} and len(made[name]["data"]["secret"]) >= 44  # 48 random chars
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_worker_gets_no_api_token_and_the_service_only_the_leader(case: str) -> None:
+    objs = list(L.rendered(case))
+    lws = the_lws(case)
+    worker = template(lws, "worker")["spec"]
+    assert worker["automountServiceAccountToken"] is False and "serviceAccountName" not in worker
+    assert all(
+        v["mountPath"] != TOKEN_PATH for c in worker["containers"] for v in c["volumeMounts"]
+    )
+    leader_pod, worker_pod = (L.as_deployment(lws, r)["spec"]["template"] for r in ROLES)
+    (service,) = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "vllm"]
+    selector = service["spec"]["selector"].items()
+    assert selector <= leader_pod["metadata"]["labels"].items()
+    assert not selector <= worker_pod["metadata"]["labels"].items()
+    assert pod(L.as_deployment(lws, "leader"))["serviceAccountName"] == "engine-watchdog"
+
+
+@pytest.mark.parametrize("case", ["helm-lws", "kustomize-lws"])
+def test_the_workers_settings_are_the_leaders_without_what_speaks_for_the_group(case: str) -> None:
+    objs = list(L.rendered(case))
+    leader, worker = L.renderings(case)
+    (lw,), (ww,) = workloads(leader.objs), workloads(worker.objs)
+    leader_cfg, worker_cfg = configmap(objs, lw), configmap(objs, ww)
+    group_only = {"ENGINE_WATCHDOG_READINESS_GATE", "ENGINE_WATCHDOG_K8S_EVENTS",
+                  "ENGINE_WATCHDOG_ALERTMANAGER", "ENGINE_WATCHDOG_GUARD_LISTEN",
+                  "ENGINE_WATCHDOG_GUARD_DRAIN_SECONDS"}  # fmt: skip
+    assert worker_cfg == {k: v for k, v in leader_cfg.items() if k not in group_only}
+    assert container(ww, SIDECAR)["envFrom"] != container(lw, SIDECAR)["envFrom"]
+
+
+def test_helm_lint_is_clean_with_lws() -> None:
+    report = m.lint_chart(m.CHART, {"lws": {"enabled": True}})
+    assert report["errors"] == [], report
+    assert [msg for msg in report["messages"] if msg["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"guard": {"enabled": True}, "lws": {"peer": {"port": 8001}}},
+            "lws.peer.port 8001 is taken",
+        ),
+        ({"lws": {"peer": {"port": 9400}}}, "lws.peer.port 9400 is taken"),
+        ({"lws": {"peer": {"port": 8000}}}, "lws.peer.port 8000 is taken"),
+        ({"lws": {"size": 1}}, "lws.size must be >= 2"),
+        ({"lws": {"size": 4}}, "has --nnodes=2 but lws.size is 4"),
+        ({"persistence": {"enabled": True}}, "persistence.enabled with lws.enabled"),
+        ({"engine": {"enabled": False}}, "set engine.enabled=true with it"),
+    ],
+    ids=[
+        "guard-port",
+        "watchdog-port",
+        "engine-port",
+        "size-1",
+        "nnodes",
+        "persistence",
+        "no-engine",
+    ],
+)
+def test_lws_values_that_would_break_the_group_are_refused(values: Obj, message: str) -> None:
+    import helm_python as helm
+
+    values = m_merge({"lws": {"enabled": True}}, values)
+    with pytest.raises(helm.HelmRenderError, match=re.escape(message)):
+        m.render_chart(m.CHART, values)
+
+
+def m_merge(into: Obj, new: Obj) -> Obj:
+    from tests.deploy.helm_cli import merge
+
+    return merge(copy.deepcopy(into), new)
+
+
+# ---- docs/multi-node.md says what the renderings do -------------------------------------
+DOCS = REPO / "docs" / "multi-node.md"
+SECTION = "## Deploy on LeaderWorkerSet"
+
+
+def docs_section() -> str:
+    text = DOCS.read_text()
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    return text[start : end if end != -1 else None]
+
+
+def test_the_docs_table_matches_the_rendered_objects() -> None:
+    """Every row of the section's table (what, name, port or path) is what the chart and the
+    overlay render."""
+    rows = re.findall(r"^\| (.+?) \| `([^`]+)` \| `([^`]+)` \|$", docs_section(), re.M)
+    table = {what: (name, where) for what, name, where in rows}
+    for case in ("helm-lws", "kustomize-lws"):
+        lws = the_lws(case)
+        leader, worker = containers(lws, "leader"), containers(lws, "worker")
+        engine_port = next(p for p in leader[ENGINE]["ports"] if p["name"] == "http")
+        peer = next(p for p in worker[SIDECAR]["ports"] if p["name"] == "peer")
+        metrics = next(p for p in leader[SIDECAR]["ports"] if p["name"] == "watchdog")
+        secret = next(v for v in template(lws, "worker")["spec"]["volumes"] if "secret" in v)
+        found = {
+            "engine API (leader)": (engine_port["name"], str(engine_port["containerPort"])),
+            "peer port (workers' sidecars)": (peer["name"], str(peer["containerPort"])),
+            "watchdog metrics (every sidecar)": (metrics["name"], str(metrics["containerPort"])),
+            "peer secret": (secret["secret"]["secretName"], L.PEER_SECRET_FILE),
+            "restart policy": (
+                lws["spec"]["leaderWorkerTemplate"]["restartPolicy"],
+                "leaderWorkerTemplate.restartPolicy",
+            ),
+        }
+        assert table == found, case
+    for flag in L.PEER_FLAGS:
+        assert f"`{flag}`" in docs_section(), flag
+
+
+def test_kubernetes_md_points_to_the_section() -> None:
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    assert "multi-node.md#deploy-on-leaderworkerset" in text
+    assert "overlays/lws" in text and "components/lws-watchdog" in text
