@@ -60,7 +60,7 @@ def _crd_schema(git_dir: str) -> Obj:
         timeout=60,
         check=True,
     ).stdout
-    crd = yaml.safe_load(text)
+    crd = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 18k lines
     (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
     schema: Obj = strict(version["schema"]["openAPIV3Schema"])
     return schema

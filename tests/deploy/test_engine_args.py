@@ -119,10 +119,7 @@ def parsed(tmp_path_factory: pytest.TempPathFactory) -> Parsed:
     """One run of vLLM's parser for every command line (importing vLLM takes ~20 s here)."""
     ours = dict(engine_argvs((*m.kustomize_renderings(), *m.helm_renderings())))
     stack = dict(engine_argvs(_stack_renderings(tmp_path_factory.mktemp("stack"))))
-    try:
-        multi = lws_argvs()
-    except pytest.skip.Exception:
-        multi = {}  # no LWS mirror: test_lws.py skips, saying why; the rest is still parsed
+    multi = lws_argvs()  # rendered here; only their CRD comes from the lws mirror
     stack_and_multi = {**stack, **{f"lws:{k}": v for k, v in multi.items()}}
     return ours, stack_and_multi, parse({**ours, **stack_and_multi, **REFUSED, **UNEXPANDED})
 
@@ -161,8 +158,6 @@ def test_vllm_parses_the_leaderworkerset_engines(parsed: Parsed) -> None:
     and the overlay, with LWS's env expanded as the kubelet does; unexpanded, refused."""
     _, both, results = parsed
     multi = {k: v for k, v in both.items() if k.startswith("lws:")}
-    if not multi:
-        L.crd_schema()  # skips, saying why
     assert len(multi) == 2 * len(L.LWS_CASES)
     assert problems(multi, results) == {}
     workers = [v for k, v in multi.items() if k.endswith("/worker")]

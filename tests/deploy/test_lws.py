@@ -52,12 +52,15 @@ def test_the_leaderworkerset_validates_against_the_lws_crd(case: str) -> None:
 
 
 def test_the_crd_check_has_teeth() -> None:
-    """A misspelt field, an unknown restart policy and a string size are each refused."""
+    """A misspelt field (in the group, and deep in a pod template), an unknown restart policy
+    and a string size are each refused."""
     good = the_lws("helm-lws")
-    bad = [copy.deepcopy(good) for _ in range(3)]
+    bad = [copy.deepcopy(good) for _ in range(4)]
     bad[0]["spec"]["leaderWorkerTemplate"]["restartPolicies"] = "None"
     bad[1]["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "RestartOnFailure"
     bad[2]["spec"]["leaderWorkerTemplate"]["size"] = "2"
+    sidecar = template(bad[3], "worker")["spec"]["containers"][-1]
+    sidecar["volumeMounts"][-1]["readonly"] = True  # readOnly, misspelt: silently writable
     for obj in bad:
         assert L.validate_lws(obj), obj["spec"]["leaderWorkerTemplate"]
 
@@ -254,3 +257,15 @@ def test_kubernetes_md_points_to_the_section() -> None:
     text = (REPO / "docs" / "kubernetes.md").read_text()
     assert "multi-node.md#deploy-on-leaderworkerset" in text
     assert "overlays/lws" in text and "components/lws-watchdog" in text
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_the_chart_and_the_overlay_give_the_same_sidecar(role: str) -> None:
+    """Two sources of one sidecar per role: its command line, ports, mounts and privileges."""
+
+    def shape(case: str) -> Obj:
+        c = containers(the_lws(case), role)[SIDECAR]
+        mounts = sorted(c["volumeMounts"], key=lambda v: v["name"])
+        return {k: c[k] for k in ("args", "ports", "securityContext")} | {"mounts": mounts}
+
+    assert shape("helm-lws") == shape("kustomize-lws")
