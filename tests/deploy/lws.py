@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -154,6 +154,12 @@ LWS_CASES: dict[str, LwsCase] = {
         },
         Expect(guard=True, events=True, api_key=True),
         Expect(readiness=False, peer_port=PEER_PORT, engine_probe=False, api_key=True),
+    ),
+    "helm-lws-baseline-liveness": LwsCase(
+        "helm",
+        {"lws": {"enabled": True}, "podSecurity": "baseline", "liveness": {"enabled": True}},
+        Expect(ptrace=False, liveness=True),
+        replace(WORKER, ptrace=False, liveness=True),
     ),
     "kustomize-lws": LwsCase("kustomize", {}, Expect(api_key=True), WORKER),
 }

@@ -170,8 +170,9 @@ def test_the_workers_settings_are_the_leaders_without_what_speaks_for_the_group(
     assert container(ww, SIDECAR)["envFrom"] != container(lw, SIDECAR)["envFrom"]
 
 
-def test_helm_lint_is_clean_with_lws() -> None:
-    report = m.lint_chart(m.CHART, {"lws": {"enabled": True}})
+@pytest.mark.parametrize("case", [c for c in CASES if L.LWS_CASES[c].source == "helm"])
+def test_helm_lint_is_clean_with_lws(case: str) -> None:
+    report = m.lint_chart(m.CHART, L.LWS_CASES[case].values)
     assert report["errors"] == [], report
     assert [msg for msg in report["messages"] if msg["severity"] >= 2] == []
 
