@@ -7,7 +7,8 @@ this repository, as tests/deploy/manifests.py reads production-stack's chart.
 
 The shared assertion set (tests/deploy/pod_checks.py) reads Deployments; each template of a
 LeaderWorkerSet is handed to it as one, with what LWS gives the pods it makes (its labels) and
-what each pod sees of the rest: the leader everything, a worker its ConfigMap and the Secrets.
+what each pod uses of the rest: the leader everything, a worker the Secrets (its sidecar,
+``engine-watchdog peer``, has no ConfigMap).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ LWS_ENV = "ENGINE_WATCHDOG_LWS_GIT"
 LWS_GIT = Path("/work/.mirror/kubernetes-sigs+lws/repo")
 CRD_PATH = "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 KIND = "LeaderWorkerSet"
-PEER_PORT = 8002
+PEER_PORT = 9401
 PEER_SECRET_FILE = "/var/run/engine-watchdog/peer/secret"
-PEER_FLAGS = ["--peers=lws", f"--peer-port={PEER_PORT}", f"--peer-secret-file={PEER_SECRET_FILE}"]
+PEER_FLAGS = [f"--peer-port={PEER_PORT}", f"--peer-secret-file={PEER_SECRET_FILE}"]
+"""Every sidecar's; no --peers list: on LWS the group comes from LWS's env."""
+SIDECAR_ARGS = {"leader": ["watch", *PEER_FLAGS], "worker": ["peer", "--engine=vllm", *PEER_FLAGS]}
 # What LWS puts on the pods it makes (api/leaderworkerset/v1/leaderworkerset_types.go).
 SET_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -123,10 +126,10 @@ def split(
     name: str, source: str, objs: list[Obj], leader: Expect, worker: Expect
 ) -> list[Rendering]:
     """The leader's rendering (every object but the LWS, and the leader as a Deployment) and
-    the worker's (the ConfigMaps and Secrets, and the worker as a Deployment)."""
+    the worker's (the Secrets, and the worker as a Deployment)."""
     (lws,) = lws_objects(objs)
     rest = [o for o in objs if o["kind"] != KIND]
-    shared = [o for o in rest if o["kind"] in ("ConfigMap", "Secret")]
+    shared = [o for o in rest if o["kind"] == "Secret"]
     return [
         Rendering(f"{name}-leader", source, [*rest, as_deployment(lws, "leader")], leader),
         Rendering(f"{name}-worker", source, [*shared, as_deployment(lws, "worker")], worker),
@@ -141,9 +144,10 @@ class LwsCase:
     worker: Expect
 
 
-WORKER = Expect(readiness=False, peer_port=PEER_PORT, engine_probe=False)
+LEADER = Expect(peer_port=PEER_PORT)
+WORKER = Expect(readiness=False, peer_port=PEER_PORT, metrics=False, engine_probe=False)
 LWS_CASES: dict[str, LwsCase] = {
-    "helm-lws": LwsCase("helm", {"lws": {"enabled": True}}, Expect(), WORKER),
+    "helm-lws": LwsCase("helm", {"lws": {"enabled": True}}, LEADER, WORKER),
     "helm-lws-guard-events-key": LwsCase(
         "helm",
         {
@@ -152,16 +156,16 @@ LWS_CASES: dict[str, LwsCase] = {
             "events": {"enabled": True},
             "apiKey": {"existingSecret": "vllm-api-key"},
         },
-        Expect(guard=True, events=True, api_key=True),
-        Expect(readiness=False, peer_port=PEER_PORT, engine_probe=False, api_key=True),
+        replace(LEADER, guard=True, events=True, api_key=True),
+        WORKER,
     ),
     "helm-lws-baseline-liveness": LwsCase(
         "helm",
         {"lws": {"enabled": True}, "podSecurity": "baseline", "liveness": {"enabled": True}},
-        Expect(ptrace=False, liveness=True),
-        replace(WORKER, ptrace=False, liveness=True),
+        replace(LEADER, ptrace=False, liveness=True),
+        replace(WORKER, ptrace=False),
     ),
-    "kustomize-lws": LwsCase("kustomize", {}, Expect(api_key=True), WORKER),
+    "kustomize-lws": LwsCase("kustomize", {}, replace(LEADER, api_key=True), WORKER),
 }
 
 

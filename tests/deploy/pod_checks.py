@@ -130,7 +130,7 @@ def check_sidecar_shape(r: Rendering) -> None:
         assert "readinessProbe" not in sidecar and "livenessProbe" not in sidecar, where
         ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
         expected = {
-            "watchdog": 9400,
+            **({"watchdog": 9400} if r.expect.metrics else {}),
             **({"guard": 8001} if r.expect.guard else {}),
             **({"peer": r.expect.peer_port} if r.expect.peer_port else {}),
         }

@@ -16,13 +16,14 @@ from tests.deploy import lws as L
 from tests.deploy import manifests as m
 from tests.deploy.pod_checks import (
     ALL_CHECKS,
+    DUMP_PATHS,
     ENGINE,
     SIDECAR,
     TOKEN_PATH,
-    configmap,
-    container,
+    check_capabilities,
+    check_schemas,
+    check_sidecar_shape,
     pod,
-    workloads,
 )
 from tests.deploy.tools import REPO
 
@@ -65,15 +66,51 @@ def test_the_crd_check_has_teeth() -> None:
         assert L.validate_lws(obj), obj["spec"]["leaderWorkerTemplate"]
 
 
+# A worker's sidecar (`engine-watchdog peer`) has no ConfigMap, so the checks that read one are
+# the leader's; test_a_worker_s_sidecar_is_the_peer_endpoint_alone holds the worker to the rest.
+WORKER_CHECKS = (check_schemas, check_sidecar_shape, check_capabilities)
+
+
 @pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
-@pytest.mark.parametrize(("case", "role"), [(c, r) for c in CASES for r in ROLES])
-def test_each_pod_of_the_group_keeps_the_sidecar_s_promises(
-    case: str, role: str, check: Callable[[m.Rendering], None]
+@pytest.mark.parametrize("case", CASES)
+def test_the_leader_s_pod_keeps_the_sidecar_s_promises(
+    case: str, check: Callable[[m.Rendering], None]
 ) -> None:
-    """Non-root as the engine, read-only root, ALL dropped, memory limit, no GPU taken, dumps
-    shared, the readiness gate on the leader only, ... for the leader's and the worker's pod."""
-    leader, worker = L.renderings(case)
-    check(leader if role == "leader" else worker)
+    """Non-root as the engine, read-only root, ALL dropped, a memory limit, no GPU taken, dumps
+    shared, the readiness gate, the default actions, ... as the single-node pod."""
+    check(L.renderings(case)[0])
+
+
+@pytest.mark.parametrize("check", WORKER_CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+@pytest.mark.parametrize("case", CASES)
+def test_a_worker_s_pod_keeps_the_sidecar_s_promises(
+    case: str, check: Callable[[m.Rendering], None]
+) -> None:
+    """Kubernetes schemas in strict mode, the engine's UID, read-only root, ALL dropped (and
+    SYS_PTRACE only where meant), a memory limit, no GPU taken, no probe on the sidecar."""
+    check(L.renderings(case)[1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_worker_s_sidecar_is_the_peer_endpoint_alone(case: str) -> None:
+    """No ConfigMap, metrics port, incident dir, token or API key; the engine's dumps shared;
+    and no liveness probe on the worker's engine, even with liveness on (no /livez there)."""
+    lws = the_lws(case)
+    found = containers(lws, "worker")
+    engine, sidecar = found[ENGINE], found[SIDECAR]
+    assert "envFrom" not in sidecar and "livenessProbe" not in engine
+    assert {e["name"] for e in sidecar["env"]} == {
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+    }
+    assert "VLLM_API_KEY" not in {e["name"] for e in engine["env"]}
+    sidecar_mounts = {v["mountPath"]: v["name"] for v in sidecar["volumeMounts"]}
+    assert set(sidecar_mounts) == {"/var/run/engine-watchdog/dumps", "/tmp", PEER_DIR}
+    engine_env = {e["name"]: e.get("value", "") for e in engine["env"]}
+    engine_mounts = {v["mountPath"]: v["name"] for v in engine["volumeMounts"]}
+    for var in DUMP_PATHS:
+        directory = engine_env[var].rsplit("/", 1)[0]
+        assert engine_mounts[directory] == sidecar_mounts[directory], var
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -93,19 +130,18 @@ def test_the_group_restarts_as_one_and_vllm_knows_its_nodes(case: str) -> None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_sidecars_find_each_other_on_a_free_port(case: str) -> None:
-    """Both sidecars run with the peer flags; the worker's listens on `peer`, a port no other
-    container of the pod has (the engine's 8000, the guard's 8001, the watchdog's 9400)."""
+    """Every sidecar runs the peer endpoint on `peer` (9401) with the secret file, the group
+    from LWS's env (no --peers list): the leader `watch`, a worker `peer`. No other container
+    of the pod has that port (one network namespace: the engine's 8000, the guard's 8001, the
+    watchdog's 9400)."""
     lws = the_lws(case)
     for role in ROLES:
         found = containers(lws, role)
-        sidecar = found[SIDECAR]
-        assert sidecar["args"] == ["watch", *L.PEER_FLAGS], role
-        ports = [p["containerPort"] for c in found.values() for p in c.get("ports", [])]
-        assert len(ports) == len(set(ports)), (role, ports)  # one network namespace per pod
-    worker_ports = {
-        p["name"]: p["containerPort"] for p in containers(lws, "worker")[SIDECAR]["ports"]
-    }
-    assert worker_ports["peer"] == L.PEER_PORT
+        assert found[SIDECAR]["args"] == L.SIDECAR_ARGS[role], role
+        ports = {p["name"]: p["containerPort"] for p in found[SIDECAR]["ports"]}
+        assert ports["peer"] == L.PEER_PORT, role
+        every = [p["containerPort"] for c in found.values() for p in c.get("ports", [])]
+        assert len(every) == len(set(every)), (role, every)
     engine_ports = {p["containerPort"] for p in containers(lws, "leader")[ENGINE]["ports"]}
     assert L.PEER_PORT not in engine_ports | {8001, 9400}
 
@@ -155,19 +191,6 @@ def test_a_worker_gets_no_api_token_and_the_service_only_the_leader(case: str) -
     assert selector <= leader_pod["metadata"]["labels"].items()
     assert not selector <= worker_pod["metadata"]["labels"].items()
     assert pod(L.as_deployment(lws, "leader"))["serviceAccountName"] == "engine-watchdog"
-
-
-@pytest.mark.parametrize("case", ["helm-lws", "kustomize-lws"])
-def test_the_workers_settings_are_the_leaders_without_what_speaks_for_the_group(case: str) -> None:
-    objs = list(L.rendered(case))
-    leader, worker = L.renderings(case)
-    (lw,), (ww,) = workloads(leader.objs), workloads(worker.objs)
-    leader_cfg, worker_cfg = configmap(objs, lw), configmap(objs, ww)
-    group_only = {"ENGINE_WATCHDOG_READINESS_GATE", "ENGINE_WATCHDOG_K8S_EVENTS",
-                  "ENGINE_WATCHDOG_ALERTMANAGER", "ENGINE_WATCHDOG_GUARD_LISTEN",
-                  "ENGINE_WATCHDOG_GUARD_DRAIN_SECONDS"}  # fmt: skip
-    assert worker_cfg == {k: v for k, v in leader_cfg.items() if k not in group_only}
-    assert container(ww, SIDECAR)["envFrom"] != container(lw, SIDECAR)["envFrom"]
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if L.LWS_CASES[c].source == "helm"])
@@ -237,12 +260,16 @@ def test_the_docs_table_matches_the_rendered_objects() -> None:
         leader, worker = containers(lws, "leader"), containers(lws, "worker")
         engine_port = next(p for p in leader[ENGINE]["ports"] if p["name"] == "http")
         peer = next(p for p in worker[SIDECAR]["ports"] if p["name"] == "peer")
+        assert peer in leader[SIDECAR]["ports"], case
         metrics = next(p for p in leader[SIDECAR]["ports"] if p["name"] == "watchdog")
         secret = next(v for v in template(lws, "worker")["spec"]["volumes"] if "secret" in v)
         found = {
             "engine API (leader)": (engine_port["name"], str(engine_port["containerPort"])),
-            "peer port (workers' sidecars)": (peer["name"], str(peer["containerPort"])),
-            "watchdog metrics (every sidecar)": (metrics["name"], str(metrics["containerPort"])),
+            "peer port (every sidecar)": (peer["name"], str(peer["containerPort"])),
+            "watchdog metrics (the leader's sidecar)": (
+                metrics["name"],
+                str(metrics["containerPort"]),
+            ),
             "peer secret": (secret["secret"]["secretName"], L.PEER_SECRET_FILE),
             "restart policy": (
                 lws["spec"]["leaderWorkerTemplate"]["restartPolicy"],
@@ -250,8 +277,8 @@ def test_the_docs_table_matches_the_rendered_objects() -> None:
             ),
         }
         assert table == found, case
-    for flag in L.PEER_FLAGS:
-        assert f"`{flag}`" in docs_section(), flag
+    for args in L.SIDECAR_ARGS.values():
+        assert f"`{' '.join(args)}`" in " ".join(docs_section().split()), args
 
 
 def test_kubernetes_md_points_to_the_section() -> None:
@@ -270,3 +297,29 @@ def test_the_chart_and_the_overlay_give_the_same_sidecar(role: str) -> None:
         return {k: c[k] for k in ("args", "ports", "securityContext")} | {"mounts": mounts}
 
     assert shape("helm-lws") == shape("kustomize-lws")
+
+
+def test_the_watchdog_s_own_cli_takes_the_sidecars_command_lines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The leader's `watch` (with its ConfigMap as the environment, as envFrom gives it) and a
+    worker's `peer` parse with engine-watchdog's own CLI: every flag the pods pass exists."""
+    import click
+
+    from engine_watchdog.cli.commands import register
+    from engine_watchdog.cli.main import cli
+
+    register(cli)  # what main() does before it runs a command
+    if "peer" not in cli.list_commands(click.Context(cli)):
+        pytest.skip("this engine-watchdog has no `peer` command (the multi-node CLI) yet")
+    objs = list(L.rendered("helm-lws"))
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap"]
+    for key, value in cm["data"].items():
+        monkeypatch.setenv(key, value)
+    lws = the_lws("helm-lws")
+    for role in ROLES:
+        name, *args = containers(lws, role)[SIDECAR]["args"]
+        command = cli.get_command(click.Context(cli), name)
+        assert command is not None, name
+        with command.make_context(name, list(args)) as ctx:
+            assert ctx.params, role

@@ -121,18 +121,26 @@ failureThreshold: {{ .Values.liveness.failureThreshold }}
 
 {{/* The sidecar container. Argument: (dict "root" $ "apiKeyEnv" <valueFrom or nil>
 "runAs" <runAsUser/runAsGroup or nil> "role" <"" | "leader" | "worker">). On a LeaderWorkerSet
-(a role) it finds its group's sidecars through LWS's env (--peers=lws) and reads the peer
-secret; a worker's listens on the peer port. */}}
+(a role) every sidecar runs the peer endpoint on lws.peer.port and finds the group's others
+from the env LWS sets (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX; no --peers list).
+The leader's is `watch`; a worker's is `peer` alone: its engine is --headless (no API to watch),
+so it has no ConfigMap, no metrics port and no /livez, and answers the leader's orders. */}}
 {{- define "engine-watchdog.container" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
 name: engine-watchdog
 image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
 imagePullPolicy: {{ $v.image.pullPolicy }}
+{{- if eq .role "worker" }}
+args:
+  - peer # this node's ranks for the leader's captures
+  - {{ printf "--engine=%s" (index $v.config "engine" | default "vllm") }}
+  - {{ printf "--peer-port=%d" (int $v.lws.peer.port) }}
+  - --peer-secret-file=/var/run/engine-watchdog/peer/secret
+{{- else }}
 {{- if .role }}
 args:
   - watch # the engine URL and every other setting come from the ConfigMap
-  - --peers=lws # the group's pods from LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX
   - {{ printf "--peer-port=%d" (int $v.lws.peer.port) }}
   - --peer-secret-file=/var/run/engine-watchdog/peer/secret
 {{- else }}
@@ -141,6 +149,7 @@ args: ["watch"] # the engine URL and every setting come from the ConfigMap
 envFrom:
   - configMapRef:
       name: {{ include "engine-watchdog.fullname" $root }}
+{{- end }}
 env:
   # NVML without a GPU of its own (docs/kubernetes.md#gpu-access); no nvidia.com/gpu request.
   - name: NVIDIA_VISIBLE_DEVICES
@@ -151,7 +160,7 @@ env:
   - name: ENGINE_WATCHDOG_API_KEY
     valueFrom: {{- toYaml . | nindent 6 }}
   {{- end }}
-  {{- if or $v.events.enabled $v.readinessGate.enabled .role }}
+  {{- if or $v.events.enabled $v.readinessGate.enabled }}
   - name: POD_NAME
     valueFrom: {fieldRef: {fieldPath: metadata.name}}
   - name: POD_NAMESPACE
@@ -160,14 +169,16 @@ env:
     valueFrom: {fieldRef: {fieldPath: metadata.uid}}
   {{- end }}
 ports:
+  {{- if ne .role "worker" }}
   - name: watchdog
     containerPort: 9400
+  {{- end }}
   {{- if $v.guard.enabled }}
   - name: guard
     containerPort: {{ $v.guard.port }}
   {{- end }}
-  {{- if eq .role "worker" }}
-  - name: peer # the leader's sidecar asks this one for its node's ranks
+  {{- if .role }}
+  - name: peer # every node's peer endpoint: the leader's sidecar orders, the workers' answer
     containerPort: {{ $v.lws.peer.port }}
   {{- end }}
 # No readiness or liveness probe: a readiness probe would take the ENGINE out of its Service
@@ -187,8 +198,10 @@ resources: {{- toYaml $v.resources | nindent 2 }}
 volumeMounts:
   - name: engine-watchdog-dumps
     mountPath: /var/run/engine-watchdog/dumps
+  {{- if ne .role "worker" }}{{/* a worker's evidence goes into the leader's bundle */}}
   - name: engine-watchdog-incidents
     mountPath: {{ index $v.config "incident-dir" | default "/var/lib/engine-watchdog/incidents" }}
+  {{- end }}
   - name: engine-watchdog-tmp
     mountPath: /tmp
   {{- if or $v.events.enabled $v.readinessGate.enabled }}
@@ -210,6 +223,7 @@ volumeMounts:
 - name: engine-watchdog-dumps
   emptyDir:
     sizeLimit: {{ .Values.dumps.sizeLimit }}
+{{- if ne $role "worker" }}
 - name: engine-watchdog-incidents
   {{- with include "engine-watchdog.incidentsClaim" . }}
   persistentVolumeClaim:
@@ -218,6 +232,7 @@ volumeMounts:
   emptyDir:
     sizeLimit: {{ .Values.incidents.sizeLimit }}
   {{- end }}
+{{- end }}
 - name: engine-watchdog-tmp
   emptyDir:
     sizeLimit: 1Gi

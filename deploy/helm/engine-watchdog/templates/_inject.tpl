@@ -33,7 +33,10 @@ agree between containers (the CUDA dump pipe names carry them). */ -}}
 {{- if $v.liveness.enabled -}}
 {{- $_ := set $engine "livenessProbe" (include "engine-watchdog.livenessProbe" $root | fromYaml) -}}
 {{- end -}}
-{{- $keyRef := include "engine-watchdog.apiKeyRef" (dict "root" $root "engine" $engine) | fromYaml -}}
+{{- $keyRef := dict -}}
+{{- if ne .role "worker" -}}{{/* a headless worker has no API: no key for either container */}}
+{{- $keyRef = include "engine-watchdog.apiKeyRef" (dict "root" $root "engine" $engine) | fromYaml -}}
+{{- end -}}
 {{- $runAs := include "engine-watchdog.sameUser" (dict "root" $root "pod" $pod "engine" $engine) | fromYaml -}}
 {{- $sidecar := include "engine-watchdog.container" (dict "root" $root "apiKeyEnv" $keyRef "runAs" $runAs "role" (.role | default "")) | fromYaml -}}
 {{- $_ := set $pod "containers" (append $pod.containers $sidecar) -}}

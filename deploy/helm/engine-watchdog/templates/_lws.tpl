@@ -25,17 +25,17 @@ spec:
       spec: {{- include "engine-watchdog.podSpec" (dict "e" $e "container" $l.worker.container) | nindent 8 }}
 {{- end -}}
 
-{{/* The values a worker's sidecar runs with: the leader speaks for the group (readiness gate,
-Events, alerts, the guard), so a worker's has none of them, no API token, and a ConfigMap of
-its own (<fullname>-worker). */}}
+{{/* The values a worker's pod is made with: the leader speaks for the group (readiness gate,
+Events, alerts, the guard), and a worker's sidecar (`peer`) has no /livez for a liveness probe
+to ask, so none of them, and no API token. */}}
 {{- define "engine-watchdog.workerValues" -}}
 {{- $v := deepCopy .Values -}}
 {{- $_ := set $v.readinessGate "enabled" false -}}
 {{- $_ := set $v.events "enabled" false -}}
 {{- $_ := set $v.guard "enabled" false -}}
 {{- $_ := set $v.alertmanager "url" "" -}}
+{{- $_ := set $v.liveness "enabled" false -}}
 {{- $_ := set $v.lws.peer "existingSecret" (include "engine-watchdog.peerSecretName" .) -}}
-{{- $_ := set $v "fullnameOverride" (printf "%s-worker" (include "engine-watchdog.fullname" .) | trunc 63 | trimSuffix "-") -}}
 {{- toYaml $v -}}
 {{- end -}}
 
