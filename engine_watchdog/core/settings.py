@@ -239,8 +239,9 @@ class PeerSettings:
     secret_file: Path | None = None
     """File holding the group's shared secret (a mounted Kubernetes Secret); else the
     ENGINE_WATCHDOG_PEER_SECRET variable. Required in a group."""
-    deadline_s: float = 30.0
-    """The leader's one deadline for every node's capture answer."""
+    deadline_s: float = 15.0
+    """The leader's one deadline for every node's capture answer; within the capture step's
+    own bound (``step_timeout_s``, 20 s, less 1 s), which the bundle writer enforces."""
 
 
 def validate_peers(p: PeerSettings, taken: dict[int, str]) -> None:

@@ -104,7 +104,7 @@ async def fan_out(
     local: LocalNode,
     session: aiohttp.ClientSession,
     secret: Secret,
-    deadline_s: float = 30.0,
+    deadline_s: float = 15.0,
 ) -> list[NodeResult]:
     """Every node's capture, ordered at once, the leader's in-process; in the group's order."""
     return list(
@@ -191,7 +191,7 @@ def peers_step(
     local: LocalNode,
     session: aiohttp.ClientSession,
     secret: Secret,
-    deadline_s: float = 30.0,
+    deadline_s: float = 15.0,
 ) -> CaptureStep:
     """The leader's capture step: fan out, write ``nodes/``, name the culprit."""
 

@@ -83,10 +83,13 @@ async def start_peering(
 ) -> Peering | None:
     """This node's peering, its endpoint listening; None outside a group. SettingsError (one
     line, naming the flag or variable) for a bad group, a missing secret or a taken port."""
-    validate_peers(peers, dict(ports or {}))
-    view = group_view(env, peers.peers, own_names(peers.bind), peers.port)
+    # Host names and their addresses only for --peers (DNS, off the loop): a single node,
+    # the common case, looks nothing up and checks nothing.
+    names = await asyncio.to_thread(own_names, peers.bind) if peers.peers else set()
+    view = group_view(env, peers.peers, names, peers.port)
     if view is None:
         return None
+    validate_peers(peers, dict(ports or {}))
     secret = load_secret(peers.secret_file, env)
     local = LocalNode(view.me.name, local_of, tools_with(py_spy).get("py-spy"), gpu)
     server = PeerServer(make_peer_app(local, secret, restart), peers.bind, peers.port)
