@@ -126,6 +126,8 @@ class LocalNode:
                 for o, _, _ in (one, two)
                 if o.status not in ("ok", "partial")
             ]
+        if not procs:
+            notes.append("no engine rank process found on this node (--engine, --pid)")
         report = NodeReport(self.name, True, tuple(samples))
         return NodeCapture(report, stacks, nvml, tuple(notes))
 

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from engine_watchdog.core.settings import Secret
 from engine_watchdog.peers.auth import authorised
@@ -54,7 +55,7 @@ def make_peer_app(
     one_capture = asyncio.Lock()  # two orders at once would ptrace the same ranks twice
 
     @web.middleware
-    async def guard(request: web.Request, handler: Callable[..., Awaitable[web.StreamResponse]]):  # type: ignore[no-untyped-def]
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not authorised(request.headers.get("Authorization"), secret):
             log.warning("peer request refused from %s: no valid secret", request.remote)
             return web.json_response({"error": UNAUTHORISED}, status=401)

@@ -15,12 +15,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from engine_watchdog.capture.bundle import BundleSettings, write_bundle
 from engine_watchdog.core.model import ProcInfo
@@ -107,7 +108,7 @@ async def group(ranks: list[subprocess.Popen[str]]) -> AsyncIterator[list[Node]]
             await n.server.stop()
 
 
-def _view(nodes: list[Node], extra: list[str] = ()) -> GroupView:  # type: ignore[assignment]
+def _view(nodes: list[Node], extra: Sequence[str] = ()) -> GroupView:
     entries = [f"127.0.0.1:{n.server.port}" for n in nodes] + list(extra)
     return from_peers(entries, {"127.0.0.1"}, nodes[0].server.port)
 
@@ -204,3 +205,52 @@ def _assert_secret_nowhere(root: Path, caplog: pytest.LogCaptureFixture) -> None
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path
     assert SECRET not in caplog.text
+
+
+async def test_restart_runs_the_hook_it_was_built_with(ranks: list[subprocess.Popen[str]]) -> None:
+    calls: list[str] = []
+
+    async def stop_ranks() -> str:
+        calls.append("stop")
+        if len(calls) > 1:
+            raise RuntimeError("SIGTERM refused")
+        return "stopped 1 rank"
+
+    local = _node("node-r", ranks[2].pid).local
+    server = PeerServer(make_peer_app(local, Secret(SECRET), stop_ranks), "127.0.0.1", 0)
+    await server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1/restart"
+        good = {"Authorization": f"Bearer {SECRET}"}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url) as resp:
+                assert resp.status == 401 and calls == []
+            async with session.post(url, headers=good) as resp:
+                assert resp.status == 200
+                assert await resp.json() == {"ok": True, "detail": "stopped 1 rank"}
+            async with session.post(url, headers=good) as resp:
+                assert resp.status == 500
+                assert (await resp.json())["detail"] == "RuntimeError: SIGTERM refused"
+    finally:
+        await server.stop()
+    assert calls == ["stop", "stop"]
+
+
+async def test_a_node_answering_garbage_is_named(tmp_path: Path, group: list[Node]) -> None:
+    async def garbage(_: web.Request) -> web.Response:
+        return web.Response(text="<html>not a capture</html>")
+
+    app = web.Application()
+    app.router.add_post("/v1/capture", garbage)
+    liar = PeerServer(app, "127.0.0.1", 0)
+    await liar.start()
+    try:
+        view = _view(group[:1], [f"127.0.0.1:{liar.port}"])
+        async with aiohttp.ClientSession() as session:
+            step = peers_step(view, group[0].local, session, Secret(SECRET), DEADLINE_S)
+            res = await write_bundle(_bundle_settings(tmp_path), None, [], [], [step])
+    finally:
+        await liar.stop()
+    assert f"127.0.0.1:{liar.port} DID NOT ANSWER (the answer is not JSON)" in res.steps[0].detail
+    doc = json.loads((res.path / "nodes" / f"127.0.0.1_{liar.port}" / "manifest.json").read_text())
+    assert doc["answered"] is False and doc["error"] == "the answer is not JSON"
