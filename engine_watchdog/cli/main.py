@@ -137,6 +137,7 @@ def run(url: str, command: tuple[str, ...], **kw: Any) -> None:
 @CAPTURE
 @REPORT
 @GUARD
+@PEERS
 def guard(url: str, **kw: Any) -> None:
     """Put the guard in front of an engine: clients connect to --guard-listen, every request
     passes through to URL; stuck streams are aborted and, when the engine stalls, every client

@@ -10,6 +10,7 @@ capture. ``engine-watchdog peer`` (a worker node without an engine API to watch:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.settings import PeerSettings, Secret, SettingsError, validate_peers
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.host.tools import tools_with
-from engine_watchdog.peers.auth import load_secret
+from engine_watchdog.peers.auth import SECRET_VAR, load_secret
 from engine_watchdog.peers.discovery import GroupView, group_view
 from engine_watchdog.peers.fanout import peers_step
 from engine_watchdog.peers.node import FindProcs, LocalNode
@@ -30,6 +31,8 @@ from engine_watchdog.peers.server import PeerServer, RestartHook, make_peer_app
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import sample_procs_async
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,6 +92,15 @@ async def start_peering(
     view = group_view(env, peers.peers, names, peers.port)
     if view is None:
         return None
+    if not peers.peers and peers.secret_file is None and not env.get(SECRET_VAR):
+        # LWS's variables alone, no secret: a sidecar set up before multi-node keeps working.
+        log.warning(
+            "in a LeaderWorkerSet group (%s of %d) but no peer secret: watching this node "
+            "alone; give --peer-secret-file to capture every node (docs/multi-node.md)",
+            view.me.name,
+            len(view.peers),
+        )
+        return None
     validate_peers(peers, dict(ports or {}))
     secret = load_secret(peers.secret_file, env)
     local = LocalNode(view.me.name, local_of, tools_with(py_spy).get("py-spy"), gpu)
@@ -112,6 +124,7 @@ async def run_peer(
     async def find() -> tuple[ProcInfo, ...]:
         return (await sample_procs_async(None, pids, profile=profile)).procs
 
+    load_secret(peers.secret_file, os.environ)  # a worker without the secret is no use: say so
     gpu = GpuProbe(load_nvml())
     try:
         async with aiohttp.ClientSession() as session:

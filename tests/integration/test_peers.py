@@ -26,13 +26,16 @@ from aiohttp import web
 from engine_watchdog.capture.bundle import BundleSettings, write_bundle
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.ranks import RankState
-from engine_watchdog.core.settings import CaptureSettings, Secret
+from engine_watchdog.core.settings import CaptureSettings, PeerSettings, Secret
 from engine_watchdog.host.tools import resolve_tools
+from engine_watchdog.peers.auth import SECRET_VAR
 from engine_watchdog.peers.discovery import GroupView, from_peers
 from engine_watchdog.peers.fanout import peers_step
 from engine_watchdog.peers.node import LocalNode
 from engine_watchdog.peers.server import PeerServer, make_peer_app
 from engine_watchdog.probes.procs import sample_procs
+from engine_watchdog.runtime.peering import start_peering
+from engine_watchdog.sim.launcher import free_port
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "capture"
 SECRET = "peer-secret-" + "7f3a9c1e5b2d4680aa11"
@@ -254,3 +257,29 @@ async def test_a_node_answering_garbage_is_named(tmp_path: Path, group: list[Nod
     assert f"127.0.0.1:{liar.port} DID NOT ANSWER (the answer is not JSON)" in res.steps[0].detail
     doc = json.loads((res.path / "nodes" / f"127.0.0.1_{liar.port}" / "manifest.json").read_text())
     assert doc["answered"] is False and doc["error"] == "the answer is not JSON"
+
+
+async def test_lws_environment_makes_a_worker_endpoint_and_without_a_secret_none(
+    ranks: list[subprocess.Popen[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    lws = {"LWS_LEADER_ADDRESS": "vllm-0.vllm.llm", "LWS_GROUP_SIZE": "2", "LWS_WORKER_INDEX": "1"}
+    port = free_port()
+    settings = PeerSettings(port=port, bind="127.0.0.1")
+
+    async def find() -> tuple[ProcInfo, ...]:
+        return sample_procs(pids=[ranks[0].pid]).procs
+
+    async with aiohttp.ClientSession() as session:
+        assert await start_peering(settings, session, find, PYSPY, None, env=lws) is None
+        assert "no peer secret: watching this node alone" in caplog.text
+        env = {**lws, SECRET_VAR: SECRET}
+        peering = await start_peering(settings, session, find, PYSPY, None, env=env)
+        assert peering is not None
+        try:
+            assert peering.view.me.name == "vllm-0-1" and peering.view.role == "worker"
+            assert peering.capture_steps() == []  # a worker answers, it does not order
+            headers = {"Authorization": f"Bearer {SECRET}"}
+            async with session.get(f"http://127.0.0.1:{port}/v1/node", headers=headers) as r:
+                assert (await r.json())["node"] == "vllm-0-1"
+        finally:
+            await peering.server.stop()

@@ -138,6 +138,8 @@ async def test_bad_peer_input_is_one_line_and_exit_64(
     args: list[str], says: str, tmp_path: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LWS_", "ENGINE_WATCHDOG_"))}
+    if says != "--peer-secret-file":  # the other mistakes, with the secret there
+        env["ENGINE_WATCHDOG_PEER_SECRET"] = SECRET
     ran = (
         await run_cli(*args, "--listen", "", timeout=30, env=env)
         if args[0] == "watch"
@@ -146,4 +148,4 @@ async def test_bad_peer_input_is_one_line_and_exit_64(
     assert ran.code == 64, ran
     (line,) = [x for x in ran.err.splitlines() if x.startswith("error:")]
     assert says in line and line == ran.err.strip().splitlines()[-1]
-    assert "Traceback" not in ran.err
+    assert "Traceback" not in ran.err and SECRET not in ran.err + ran.out
