@@ -37,7 +37,7 @@ from engine_watchdog.report.k8s_events import EventsReporter
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.report.readiness import ReadinessGate
 from engine_watchdog.runtime.events import Channel, RequestsStuck
-from engine_watchdog.runtime.peering import Peering, start_peering
+from engine_watchdog.runtime.peering import Peering, target_peering
 from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.recording import TraceWriter
 from engine_watchdog.runtime.reporters import ConsoleReporter, MetricsReporter
@@ -123,7 +123,7 @@ async def assemble(
         MetricsReporter(metrics, watcher, bus.observed),
     ]
     tasks: dict[str, Task] = {}
-    peering = await _peering(settings, session, watcher, guard_listen)
+    peering = await target_peering(settings, session, watcher, guard_listen)
     if peering is not None:
         tasks[f"peers:{settings.url}"] = peering.serve()
     pushers = _pushers(settings, session, tasks)
@@ -146,21 +146,6 @@ async def assemble(
     return Target(
         settings, connection, watcher, reporters, supervisor, child, writer, guard, tasks, peering
     )
-
-
-async def _peering(
-    settings: WatchSettings,
-    session: aiohttp.ClientSession,
-    watcher: Watcher,
-    guard_listen: str | None,
-) -> Peering | None:
-    """This node's peer endpoint, listening, where it is part of a group (else None)."""
-    ports = {url_port(settings.connect_url or settings.url): "the engine's URL"}
-    if guard_listen:
-        ports[parse_listen(guard_listen, "--guard-listen")[1]] = "--guard-listen"
-    py_spy = settings.capture.py_spy
-    return await start_peering(settings.peers, session, watcher.find_procs, py_spy, watcher.gpu,
-                               ports=ports)  # fmt: skip
 
 
 def _pushers(

@@ -20,7 +20,14 @@ import aiohttp
 
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.core.model import ProcInfo
-from engine_watchdog.core.settings import PeerSettings, Secret, SettingsError, validate_peers
+from engine_watchdog.core.settings import (
+    PeerSettings,
+    Secret,
+    SettingsError,
+    WatchSettings,
+    parse_listen,
+    validate_peers,
+)
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.host.tools import tools_with
 from engine_watchdog.peers.auth import SECRET_VAR, load_secret
@@ -29,8 +36,9 @@ from engine_watchdog.peers.fanout import peers_step
 from engine_watchdog.peers.node import FindProcs, LocalNode
 from engine_watchdog.peers.server import PeerServer, RestartHook, make_peer_app
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
-from engine_watchdog.probes.procs import sample_procs_async
+from engine_watchdog.probes.procs import sample_procs_async, url_port
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
+from engine_watchdog.runtime.watcher import Watcher
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +120,22 @@ async def start_peering(
             f"--peer-port {peers.port} on {peers.bind}: {exc.strerror or exc}; give a free port"
         ) from None
     return Peering(view, secret, local, server, session, peers.deadline_s)
+
+
+async def target_peering(
+    settings: WatchSettings,
+    session: aiohttp.ClientSession,
+    watcher: Watcher,
+    guard_listen: str | None,
+) -> Peering | None:
+    """A watched target's peering (``watch``, ``run``, ``guard``): its ranks are the watched
+    engine's processes, and neither the engine's port nor the guard's is the peer port."""
+    ports = {url_port(settings.connect_url or settings.url): "the engine's URL"}
+    if guard_listen:
+        ports[parse_listen(guard_listen, "--guard-listen")[1]] = "--guard-listen"
+    py_spy = settings.capture.py_spy
+    return await start_peering(settings.peers, session, watcher.find_procs, py_spy, watcher.gpu,
+                               ports=ports)  # fmt: skip
 
 
 async def run_peer(
