@@ -22,7 +22,12 @@ from typing import Any
 
 from engine_watchdog.capture.gpu import snapshot
 from engine_watchdog.capture.procfs import read_environ
-from engine_watchdog.capture.pyspy import DumpOutcome, PySpyOptions, dump_process
+from engine_watchdog.capture.pyspy import (
+    DumpOutcome,
+    PySpyOptions,
+    dump_process,
+    read_state_letter,
+)
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.ranks import NodeReport, RankSample, RankState
 from engine_watchdog.probes.gpu import GpuProbe
@@ -115,7 +120,7 @@ class LocalNode:
         samples, stacks, notes = [], {}, []
         for proc, one, two in zip(procs, first, second, strict=True):
             rank = rank_of(proc.pid, self.proc_root)
-            state = RankState.DEAD if one[0].status == "not-available" else _state(proc)
+            state = _state_now(proc, self.proc_root)
             index = holders.get(proc.pid)
             util = _util(nvml, index)
             stacks_of = tuple(s for s in (one[1], two[1]) if s)
@@ -183,8 +188,25 @@ def _text(proc: ProcInfo, dumps: Sequence[_Dump]) -> str:
     return "\n".join(parts)
 
 
-def _state(proc: ProcInfo) -> RankState:
-    return _STATES.get(proc.state, RankState.SLEEPING)
+_LETTERS = {
+    "R": RankState.RUNNING,
+    "S": RankState.SLEEPING,
+    "D": RankState.SLEEPING,
+    "I": RankState.SLEEPING,
+    "T": RankState.STOPPED,
+    "t": RankState.STOPPED,  # held by a debugger: it makes no progress either (probes/procs.py)
+    "Z": RankState.ZOMBIE,
+    "X": RankState.DEAD,
+}
+
+
+def _state_now(proc: ProcInfo, proc_root: Path) -> RankState:
+    """The state after the samples (a rank may have died or been stopped meanwhile): /proc's
+    letter (the dumps are over by now, so ``t`` is someone else's tracer), else as found."""
+    letter = read_state_letter(proc.pid, proc_root)
+    if letter is None:
+        return RankState.DEAD
+    return _LETTERS.get(letter, _STATES.get(proc.state, RankState.SLEEPING))
 
 
 def _gpu_holders(nvml: dict[str, Any] | None) -> dict[int, int]:

@@ -283,3 +283,31 @@ async def test_lws_environment_makes_a_worker_endpoint_and_without_a_secret_none
                 assert (await r.json())["node"] == "vllm-0-1"
         finally:
             await peering.server.stop()
+
+
+@pytest.fixture
+def stopped_rank() -> Iterator[int]:
+    """A rank process stopped with SIGSTOP (state T); continued and killed at the end."""
+    proc = subprocess.Popen(
+        [sys.executable, str(DATA / "blocked_target.py"), "60"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        os.kill(proc.pid, signal.SIGSTOP)
+        yield proc.pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+
+async def test_a_stopped_rank_is_reported_stopped_with_its_stacks(stopped_rank: int) -> None:
+    cap = await _node("node-t", stopped_rank).local.capture(DEADLINE_S)
+    (sample,) = cap.report.ranks
+    assert sample.state is RankState.STOPPED
+    assert sample.stacks and any("main (blocked_target.py" in f for f in sample.stacks[0])
+    assert "nonblocking" in next(iter(cap.stacks.values()))  # --native cannot read it
