@@ -165,6 +165,11 @@ class CaptureSettings:
     """The py-spy to run; None: py-spy on PATH, or beside this Python."""
     signatures: Path | None = None
     """Known-hang signature file to match bundles against; None: the one shipped."""
+    pod_log: str | None = None
+    """On Kubernetes: the engine container whose log bundles get through the pods/log API
+    (engine.log, the last log_tail_bytes), when no engine_log file is named; None: not read."""
+    pod_log_api: str = "in-cluster"
+    """Where pod_log asks: "in-cluster", or an API base URL (kubectl proxy's, a test's)."""
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ async def test_one_patch_per_change_and_the_transition_time_kept_within_a_status
     import aiohttp
 
     from engine_watchdog.core.model import State, Verdict
-    from engine_watchdog.report.k8s_api import PodRef
+    from engine_watchdog.net.k8s_api import PodRef
     from engine_watchdog.report.readiness import ReadinessGate
 
     api = FakeApi("llm", "vllm-0", TOKEN)
