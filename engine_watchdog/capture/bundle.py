@@ -27,6 +27,7 @@ from engine_watchdog.capture.known_hangs import KnownHangs, known_hangs
 from engine_watchdog.capture.manifest import cause_of, draft_manifest, finish_manifest
 from engine_watchdog.capture.retention import new_tmp_dir, prune, release, tar_into_place
 from engine_watchdog.capture.step import (
+    SAMPLES_AGAIN,
     WAKES_THE_ENGINE,
     CaptureContext,
     CaptureStep,
@@ -130,13 +131,17 @@ async def _run_steps(
 
 def step_phases(steps: Sequence[CaptureStep], destructive: bool) -> list[list[int]]:
     """Indices of the steps to run together, phase by phase: those that only look; then those
-    that wake the engine (:data:`WAKES_THE_ENGINE`); in a destructive capture, last, the last
-    step (the CUDA core dump, which ends the process) once the others are done with it."""
+    that sample the same processes again (:data:`SAMPLES_AGAIN`); then those that wake the
+    engine (:data:`WAKES_THE_ENGINE`); in a destructive capture, last, the last step (the CUDA
+    core dump, which ends the process) once the others are done with it."""
     last = len(steps) - 1 if destructive and len(steps) > 1 else None
     rest = [i for i in range(len(steps)) if i != last]
-    wakes = [i for i in rest if getattr(steps[i], "__name__", "") in WAKES_THE_ENGINE]
-    looks = [i for i in rest if i not in wakes]
-    return [phase for phase in (looks, wakes, [last] if last is not None else []) if phase]
+    names = {i: getattr(steps[i], "__name__", "") for i in rest}
+    again = [i for i in rest if names[i] in SAMPLES_AGAIN]
+    wakes = [i for i in rest if names[i] in WAKES_THE_ENGINE]
+    looks = [i for i in rest if i not in wakes and i not in again]
+    phases = (looks, again, wakes, [last] if last is not None else [])
+    return [phase for phase in phases if phase]
 
 
 async def _run_together(

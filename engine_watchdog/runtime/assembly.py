@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from engine_watchdog.capture.retention import remove_abandoned
+from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.core.model import Action, Observation, Outcome
 from engine_watchdog.core.settings import (
@@ -34,6 +35,7 @@ from engine_watchdog.recovery.orphans import end_orphan, pid_file
 from engine_watchdog.recovery.supervise import ChildEngine, EngineExited
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.runtime.events import Channel, RequestsStuck
+from engine_watchdog.runtime.peering import Peering, target_peering
 from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.recording import TraceWriter
 from engine_watchdog.runtime.reporters import ConsoleReporter, MetricsReporter
@@ -66,10 +68,14 @@ class Target:
     writer: TraceWriter | None = None
     guard: Guard | None = None
     tasks: dict[str, Task] = field(default_factory=dict)
+    peering: Peering | None = None
+    """This node's peer endpoint in a multi-node group (runtime/peering.py)."""
 
     async def close(self) -> None:
         if self.guard is not None:
             await self.guard.stop()
+        if self.peering is not None:
+            await self.peering.server.stop()
         self.watcher.close()
         incident = self.supervisor.incident if self.supervisor else None
         if incident is not None and not incident.done():
@@ -120,6 +126,9 @@ async def assemble(
         MetricsReporter(metrics, watcher, bus.observed),
     ]
     tasks: dict[str, Task] = {}
+    peering = await target_peering(settings, session, watcher, guard_listen)
+    if peering is not None:
+        tasks[f"peers:{settings.url}"] = peering.serve()
     pushers = service_pushers(settings, session, tasks)
     gate = readiness_gate(settings, session, metrics, tasks)
     # One history for every restart, whoever asks for it (a stall, the child's exit).
@@ -128,13 +137,18 @@ async def assemble(
     if command:
         child = await _start_child(settings, command, bus.exits.publish, echo_engine)
         tasks[f"engine-exits:{settings.url}"] = child.watch_exits()
-    supervisor = _supervisor(settings, watcher, metrics, history, child, guard, bus, pushers)
+    fan_out = peering.capture_steps() if peering is not None else []
+    supervisor = _supervisor(
+        settings, watcher, metrics, history, child, guard, bus, pushers, fan_out
+    )
     if supervisor:
         reporters.append(supervisor)
     reporters += pushers
     if gate is not None:
         reporters.append(gate)
-    return Target(settings, connection, watcher, reporters, supervisor, child, writer, guard, tasks)
+    return Target(
+        settings, connection, watcher, reporters, supervisor, child, writer, guard, tasks, peering
+    )
 
 
 async def _guard(
@@ -221,6 +235,7 @@ def _supervisor(
     guard: Guard | None,
     bus: Channels,
     pushers: list[Pusher],
+    fan_out: list[CaptureStep],
 ) -> Supervisor | None:
     """The one decider; in run mode always (the child's exits are its to decide)."""
     if not settings.policy.actions and guard is None and child is None:
@@ -232,7 +247,11 @@ def _supervisor(
         watcher,
         capture,
         settings.recovery,
-        steps=lambda destructive: capture_steps(destructive, watcher.gpu),
+        # The fan-out on the capture rung only: a destructive capture is part of a restart.
+        steps=lambda destructive: [
+            *capture_steps(destructive, watcher.gpu),
+            *([] if destructive else fan_out),
+        ],
         restarter=child.restart if child else None,
         on_bundle=metrics.count_incident,
         hand_off=_hand_off(settings, history),
