@@ -45,6 +45,9 @@ PYTHON_FRAMES_LOOKED_AT = 3
 """How many innermost Python frames may hold the collective: a wait is often wrapped
 (torch's ``_exception_logger`` wrapper, a contextmanager's ``__enter__`` around
 ``acquire_read``)."""
+WAIT_HELPERS = ("threading.py", "queue.py", "selectors.py", "socket.py", "contextlib.py")
+"""Standard-library files a wait passes through (``Event.wait`` -> ``Condition.wait``): their
+frames are not counted among the innermost few."""
 
 
 def split_frame(frame: str) -> tuple[str, str, int]:
@@ -89,7 +92,8 @@ def collective_wait(stack: Sequence[str]) -> str | None:
         hit = collective_of(frame)
         if hit is not None:
             found = hit
-        if is_python(split_frame(frame)[1]):
+        file = split_frame(frame)[1]
+        if is_python(file) and not file.endswith(WAIT_HELPERS):
             python_seen += 1
             if python_seen >= PYTHON_FRAMES_LOOKED_AT:
                 break

@@ -5,12 +5,12 @@ strongest first, each naming one rank only when that one rank differs from all t
 (docs/multi-node.md, "The culprit"):
 
 1. one rank stopped (SIGSTOP), dead or a zombie while the others run: high;
-2. one rank outside the collective the others wait in: high when two or more wait in the same
-   collective, medium otherwise;
+2. one rank outside the collective the others wait in, in every sample: high when two or more
+   wait in the same collective and there are two samples or more, medium otherwise;
 3. one GPU at ~100 % utilisation while the others sit at ~0 % (an NCCL kernel spinning):
    medium; one GPU idle while the others spin: low (the rank that never entered);
-4. one rank's stack unchanged between samples while the others' move: medium, low with a
-   single other rank to compare;
+4. one rank's stack unchanged between samples while the others' move, the rank off the CPU
+   and outside any collective: medium, low with a single other rank to compare;
 5. one node that did not answer, the rest showing nothing: low;
 6. else no culprit (Confidence.NONE), saying so.
 
@@ -95,15 +95,21 @@ def stopped_rule(ranks: Sequence[RankSample]) -> Culprit | None:
 
 def outside_collective_rule(ranks: Sequence[RankSample]) -> Culprit | None:
     known = [r for r in ranks if r.stacks]
-    waits = {id(r): collective_wait(r.stacks[-1]) for r in known}
-    odd = _one(known, lambda r: waits[id(r)] is None)
+    # Every sample agrees: the odd rank outside each time, the others waiting each time (a
+    # healthy group shows one rank late to the collective now and then, not sample after
+    # sample).
+    waits = {id(r): [collective_wait(s) for s in r.stacks] for r in known}
+    odd = _one(known, lambda r: all(w is None for w in waits[id(r)]))
     if odd is None:
         return None
     rest = [r for r in known if r is not odd]
-    kinds = {waits[id(r)] for r in rest}
-    confidence = Confidence.HIGH if len(kinds) == 1 and len(rest) >= 2 else Confidence.MEDIUM
+    if not all(all(waits[id(r)]) for r in rest):
+        return None
+    kinds = {w for r in rest for w in waits[id(r)]}
+    sure = len(kinds) == 1 and len(rest) >= 2 and len(odd.stacks) >= 2
     where = innermost_python(odd.stacks[-1]) or "no frame"
     why = f"{who(odd)} is outside the collective (in {where}) while {others_doing(rest)}"
+    confidence = Confidence.HIGH if sure else Confidence.MEDIUM
     return _blame(odd, confidence, why, "outside-collective")
 
 
@@ -133,9 +139,15 @@ def gpu_spin_rule(ranks: Sequence[RankSample]) -> Culprit | None:
 def stack_unchanged_rule(ranks: Sequence[RankSample]) -> Culprit | None:
     sampled = [r for r in ranks if len(r.stacks) >= 2]
     # A rank waiting in a collective is still by nature (a victim): only a still rank
-    # elsewhere tells.
+    # elsewhere tells. A running rank's stack can repeat between two samples by chance (a
+    # tight loop): only a rank blocked off the CPU counts.
     still = _one(
-        sampled, lambda r: len(set(r.stacks)) == 1 and collective_wait(r.stacks[-1]) is None
+        sampled,
+        lambda r: (
+            len(set(r.stacks)) == 1
+            and collective_wait(r.stacks[-1]) is None
+            and r.state is not RankState.RUNNING
+        ),
     )
     if still is None:
         return None
