@@ -12,9 +12,12 @@ The py-spy dumps are kept under the test's tmp_path (printed), nowhere else.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,7 +68,7 @@ def running(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
-        return False
+        return False  # gone
 
 
 async def hung(group: GlooGroup, waiting: int) -> int:
@@ -144,8 +147,9 @@ async def test_node_clean_after_the_group_is_stopped(group: GlooGroup) -> None:
     reasons = {i.what: i.reason for i in in_use.left}
     assert all(reasons[p].startswith("in use by PID ") for p in made), reasons
 
+    live = [psutil.Process(r.pid) for r in ranks]
     group.kill()
-    await eventually(lambda: group.processes() == [], WAIT_S, what="the pods ended")
+    assert not [p for p in live if running(p)], "a rank outlived the kill"
     engine = EngineRef(ENGINE_UID, tuple(ranks), frozenset(r.sid for r in ranks))
     report = clean_node(engine, procs, FakeNvml(), group.shm_root)
     assert {i.what for i in report.removed} == made, report
@@ -174,3 +178,43 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         return []
+
+
+ODD_UID = 4231
+"""Owns nothing in the host's /dev/shm but what the 4-rank group makes there."""
+
+
+async def test_four_ranks_one_stopped_and_node_clean_over_dev_shm(tmp_path: Path) -> None:
+    """Four pods; SIGSTOP of rank 2: every other rank waits in all_reduce. Their segments
+    are in the host's real /dev/shm (the pods' mount namespaces share its tmpfs); after the
+    stop, node_clean over /dev/shm removes exactly those."""
+    shm = Path("/dev/shm")
+    if any(p.lstat().st_uid == ODD_UID for p in shm.iterdir()):
+        pytest.skip(f"/dev/shm holds files of UID {ODD_UID} already")
+    with GlooGroup(4, Path(tempfile.gettempdir()), PYTHON, shm_root=shm, uid=ODD_UID) as group:
+        try:
+            group.wait_stepping()
+            group.stop(2)
+            t0 = time.monotonic()
+            await asyncio.gather(*(hung(group, waiting) for waiting in (0, 1, 3)))
+            t1 = time.monotonic()
+            stacks = dict(
+                enumerate(await asyncio.gather(*(dump(group, i, tmp_path) for i in range(4))))
+            )
+            print(f"\nhang seen in {t1 - t0:.1f} s, 4 dumps in {time.monotonic() - t1:.1f} s")
+            print(f"\npy-spy dumps: {tmp_path / 'pyspy'}")
+            assert all(stacks[i][0].startswith("all_reduce (") for i in (0, 1, 3)), stacks
+            made = {p for i in range(4) for p in group.heartbeat(i)["segments"]}
+            procs = PsutilProcesses()
+            ranks = [procs.processes()[r.host_pid] for r in group.ranks]
+            group.kill()
+            engine = EngineRef(ODD_UID, tuple(ranks), frozenset(r.sid for r in ranks))
+            report = clean_node(engine, procs, FakeNvml(), shm)
+        finally:
+            for path in shm.glob("*"):  # whatever happened: none of the test's stays behind
+                with contextlib.suppress(OSError):
+                    if path.lstat().st_uid == ODD_UID:
+                        path.unlink()
+    assert len(made) == 12 and {i.what for i in report.removed} == made, report
+    assert [i for i in report.left if i.kind == "shm"] == [] and report.clean, report
+    assert namespaces_left(group.tag) == []

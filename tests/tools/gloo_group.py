@@ -189,11 +189,17 @@ class GlooGroup:
             "OMP_NUM_THREADS": "1",
         }
 
-    def kill(self) -> None:
+    def kill(self, timeout_s: float = 30.0) -> None:
         """Stop the group as a restart does: SIGKILL of every pod's PID 1 (the kernel ends
-        everything in its PID namespace). The network namespaces stay until :meth:`close`."""
+        everything in its PID namespace) and of every container; return once each process
+        seen is gone or a zombie (a SIGKILLed torch process takes a moment to exit). The
+        network namespaces stay until :meth:`close`."""
+        seen = self.processes()
         for rank in self.ranks:
             rank.pod.close()
+        deadline = time.monotonic() + timeout_s
+        while [p for p in seen if _running(p)] and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def close(self) -> None:
         """Kill every process, delete every namespace (the bridge and veths with them)."""
@@ -268,6 +274,13 @@ class GlooGroup:
             if rank.container is not None:
                 out += rank.container.processes()
         return out
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def namespaces_left(tag: str) -> list[str]:
