@@ -132,6 +132,17 @@ async def test_a_rank_out_of_the_collective_hangs_the_other(
     await eventually(lambda: group.steps()[0] > step, WAIT_S, what="the group resumed")
 
 
+async def test_a_rank_that_exits_is_an_error_not_a_hang(group: GlooGroup) -> None:
+    """gloo sees the peer's socket close: the other rank's all_reduce raises, it ends."""
+    group.exit(1)
+    containers = [r.container for r in group.ranks]
+    assert containers[0] is not None and containers[1] is not None
+    await eventually(lambda: containers[1].proc.poll() == 3, WAIT_S, what="rank 1 exited")
+    await eventually(lambda: containers[0].proc.poll() == 4, WAIT_S, what="rank 0 ended")
+    error = group.heartbeat(0)["error"]
+    assert "Connection reset by peer" in error or "Connection closed" in error, error
+
+
 async def test_node_clean_after_the_group_is_stopped(group: GlooGroup) -> None:
     made = {p for i in range(2) for p in group.heartbeat(i)["segments"]}
     assert len(made) == 6 and all(Path(p).exists() for p in made), made
