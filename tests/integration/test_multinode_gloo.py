@@ -135,10 +135,10 @@ async def test_a_rank_out_of_the_collective_hangs_the_other(
 async def test_a_rank_that_exits_is_an_error_not_a_hang(group: GlooGroup) -> None:
     """gloo sees the peer's socket close: the other rank's all_reduce raises, it ends."""
     group.exit(1)
-    containers = [r.container for r in group.ranks]
-    assert containers[0] is not None and containers[1] is not None
-    await eventually(lambda: containers[1].proc.poll() == 3, WAIT_S, what="rank 1 exited")
-    await eventually(lambda: containers[0].proc.poll() == 4, WAIT_S, what="rank 0 ended")
+    first, second = (r.container for r in group.ranks)
+    assert first is not None and second is not None
+    await eventually(lambda: second.proc.poll() == 3, WAIT_S, what="rank 1 exited")
+    await eventually(lambda: first.proc.poll() == 4, WAIT_S, what="rank 0 ended")
     error = group.heartbeat(0)["error"]
     assert "Connection reset by peer" in error or "Connection closed" in error, error
 
