@@ -17,10 +17,10 @@ Checked, in order (docs/multi-node.md, "Node clean after a group restart"):
 2. The GPUs: NVML's compute processes (``nvmlDeviceGetComputeRunningProcesses``). One of the
    engine's is ended as above; any other is reported and left alone, with the reason.
 3. Shared memory under the shm root (``/dev/shm``): files named as NCCL (``nccl-XXXXXX``,
-   ``nccl-shm-*`` in older releases), torch
-   (``torch_*``) and vLLM (``psm_*``, Python's SharedMemory names its MessageQueue buffers get;
-   ``vllm_*`` its offload regions) create them, owned by the engine's UID and held (mapped or
-   open) by no live process. Those are removed; any other is reported and left.
+   ``nccl-shm-*`` in older releases), torch (``torch_*``) and vLLM (``psm_*``, Python's
+   SharedMemory names its MessageQueue buffers get; ``vllm_*`` its offload regions) create
+   them, owned by the engine's UID and held (mapped or open) by no live process. Those are
+   removed; any other is reported and left.
 
 Never touched: a process of another UID, a process of the engine's UID outside its tree and
 sessions, a file of another UID or one a live process still holds. Host access is passed in
