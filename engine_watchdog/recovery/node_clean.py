@@ -31,6 +31,7 @@ sessions, a file of another UID or one a live process still holds. Host access i
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import signal
 import stat
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine_watchdog.host.proclist import FileId, HostProc, ProcessList
+from engine_watchdog.host.tools import write_private
 
 SHM_PATTERNS = ("nccl-*", "torch_*", "psm_*", "vllm_*")
 REPORT_FILE = "node-clean.json"
@@ -107,6 +109,13 @@ class CleanReport:
             "left": [asdict(i) for i in self.left],
             "errors": list(self.errors),
         }
+
+
+def write_report(report: CleanReport, bundle_dir: Path) -> Path:
+    """``<bundle>/node-clean.json`` (0600, never overwritten); OSError propagates."""
+    path = bundle_dir / REPORT_FILE
+    write_private(path, json.dumps(report.as_dict(), indent=2).encode())
+    return path
 
 
 def clean_node(

@@ -29,7 +29,7 @@ from engine_watchdog.capture.pyspy import PySpyOptions, dump_process
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.host.proclist import PsutilProcesses
 from engine_watchdog.host.tools import resolve_tools
-from engine_watchdog.recovery.node_clean import EngineRef, clean_node
+from engine_watchdog.recovery.node_clean import EngineRef, clean_node, write_report
 from tests.integration.conftest import steady
 from tests.tools.gloo_group import ENGINE_UID, GlooGroup, namespaces_left, netns_missing
 from tests.tools.vllm_env import VENV_ENV_VAR
@@ -143,7 +143,7 @@ async def test_a_rank_that_exits_is_an_error_not_a_hang(group: GlooGroup) -> Non
     assert "Connection reset by peer" in error or "Connection closed" in error, error
 
 
-async def test_node_clean_after_the_group_is_stopped(group: GlooGroup) -> None:
+async def test_node_clean_after_the_group_is_stopped(group: GlooGroup, tmp_path: Path) -> None:
     made = {p for i in range(2) for p in group.heartbeat(i)["segments"]}
     assert len(made) == 6 and all(Path(p).exists() for p in made), made
     other = group.shm_root / "nccl-otheruid"  # another UID's: never the engine's to remove
@@ -171,7 +171,8 @@ async def test_node_clean_after_the_group_is_stopped(group: GlooGroup) -> None:
     ]
     assert report.clean and report.errors == ()
     assert sorted(os.listdir(group.shm_root)) == ["nccl-otheruid"]
-    json.dumps(report.as_dict())  # what the bundle records
+    recorded = json.loads(write_report(report, tmp_path).read_text())  # what the bundle keeps
+    assert recorded["clean"] and len(recorded["removed"]) >= 6, recorded
 
 
 class FakeNvml:
