@@ -115,8 +115,12 @@ class GlooGroup:
         shm_root: Path | None = None,
         uid: int = ENGINE_UID,
         timeout_s: float = 300.0,
+        reachable: Sequence[Path] = (),
     ) -> None:
+        """``reachable``: more programs the pods' UIDs must be able to run (a sidecar's
+        Python), whatever the folders they sit in on the host (tests/tools/pod.py)."""
         self.world, self.python, self.uid, self.timeout_s = world, python, uid, timeout_s
+        self.reachable = (python, RANK_SCRIPT, *reachable)
         self.tag = f"ewg{os.getpid()}-{next(_GROUPS)}"
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir=workdir))
         self.workdir.chmod(0o755)
@@ -136,7 +140,7 @@ class GlooGroup:
         try:
             self._wire()
             for rank in self.ranks:
-                rank.pod.start(reachable=(self.python, RANK_SCRIPT))
+                rank.pod.start(reachable=self.reachable)
             for rank in self.ranks:  # all at once: each import of torch is seconds
                 rank.container = rank.pod.run(
                     f"rank{rank.rank}", [str(self.python), str(RANK_SCRIPT)], self.uid,
