@@ -100,9 +100,25 @@ async def dump(group: GlooGroup, i: int, out: Path) -> list[str]:
     return [f"{f['name']} ({f['filename']})" for f in main["frames"]]
 
 
+CONNECT = (
+    "import socket, sys\n"
+    "try:\n"
+    "    socket.create_connection((sys.argv[1], 29500), timeout=2).close()\n"
+    "    print('reached')\n"
+    "except OSError as exc:\n"
+    "    print('refused', exc)\n"
+)
+
+
 async def test_sigstop_of_one_rank_hangs_the_other_in_all_reduce(
     group: GlooGroup, tmp_path: Path
 ) -> None:
+    # Pod 1 reaches rank 0's rendezvous port on its pod address; the host has no such address.
+    probe = group.run(1, "probe", ["/usr/bin/python3", "-c", CONNECT, group.ranks[0].address], 0)
+    await eventually(lambda: probe.proc.poll() is not None, WAIT_S, what="the probe ended")
+    assert "reached" in probe.log.read_text(), probe.log_tail()
+    host = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    assert group.ranks[0].address not in host
     group.stop(1)
     await hung(group, waiting=0)
     waiting, stopped = await dump(group, 0, tmp_path), await dump(group, 1, tmp_path)
