@@ -20,6 +20,7 @@ import pytest
 SAME_WORKER = {
     "tests/e2e/": "e2e",  # real vLLMs: one at a time
     "tests/deploy/test_image_podman.py": "image",  # one image build for the module
+    "tests/integration/test_multinode_gloo.py": "gloo",  # pods of one group: one at a time
 }
 """Node id prefix -> group: a group's tests all run in one worker, in collection order."""
 

@@ -8,7 +8,9 @@ manifests' promise (shared PID namespace, the engine's UID, SYS_PTRACE or no cap
   supplementary groups, ``no_new_privs``, and exactly the capabilities given: inheritable,
   ambient and bounding sets cut to them (so a non-root process keeps CAP_SYS_PTRACE after exec,
   and can never gain another one).
-- The network namespace stays the host's (a pod's containers share one; loopback reaches it).
+- The network namespace stays the host's (a pod's containers share one; loopback reaches it),
+  unless the pod is given one (``netns``: made with ``ip netns add``, tests/tools/gloo_group.py):
+  then PID 1 starts in it and every container enters it too.
 
 Every process runs in its own process group; :meth:`Pod.close` ends the namespace (the kernel
 kills everything in it when its PID 1 dies), also when a test failed.
@@ -109,6 +111,8 @@ class Container:
 @dataclass
 class Pod:
     workdir: Path
+    netns: str | None = None
+    """A named network namespace (``ip netns add``) for the whole pod; None: the host's."""
     init: subprocess.Popen[bytes] | None = None
     containers: list[Container] = field(default_factory=list)
 
@@ -121,6 +125,8 @@ class Pod:
             keep.mkdir()
             mounts += [str(keep), str(hidden)]
         argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+        if self.netns is not None:
+            argv = ["ip", "netns", "exec", self.netns, *argv]
         self.init = subprocess.Popen(  # fixed argv, no shell
             [*argv, "/usr/bin/python3", "-c", REAPER, *mounts],
             stdout=subprocess.PIPE,
@@ -130,7 +136,7 @@ class Pod:
         if self.init.stdout.readline().strip() != b"ready":  # bounded: the mounts time out
             raise RuntimeError("the pod's PID 1 did not start")
 
-    def _pid1(self) -> int | None:
+    def pid1(self) -> int | None:
         """The reaper's host PID: unshare's child."""
         assert self.init is not None
         try:
@@ -148,11 +154,12 @@ class Pod:
         env: Mapping[str, str] | None = None,
     ) -> Container:
         """Start ``argv`` as a container of the pod: UID/GID ``uid``, exactly ``caps``."""
-        pid1 = self._pid1()
+        pid1 = self.pid1()
         assert pid1 is not None, "the pod is not running"
         keep = ",".join(["-all", *(f"+{c}" for c in caps)])
+        net = ["--net"] if self.netns is not None else []
         wrapped = [
-            "nsenter", f"--target={pid1}", "--pid", "--mount", "--",
+            "nsenter", f"--target={pid1}", "--pid", "--mount", *net, "--",
             "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
             f"--inh-caps={keep}", f"--ambient-caps={keep}", f"--bounding-set={keep}",
             "--no-new-privs", "--", *argv,
