@@ -115,7 +115,9 @@ def _workload(container: str) -> str:
             "selector": {"matchLabels": {"app": "llm"}},
             "template": {
                 "metadata": {"labels": {"app": "llm"}},
-                "spec": {"containers": [{"name": container, "image": IMAGE, "startupProbe": PROBE}]},
+                "spec": {
+                    "containers": [{"name": container, "image": IMAGE, "startupProbe": PROBE}]
+                },
             },
         },
     }
@@ -128,7 +130,7 @@ def test_the_engine_container_name_is_a_value(tmp_path: Path) -> None:
     (watched,) = checks.workloads(objs)
     (engine, sidecar) = checks.pod(watched)["containers"]
     assert (engine["name"], engine["image"], sidecar["name"]) == ("server", IMAGE, SIDECAR)
-    assert checks.CUDA_ENV <= set(checks.env(engine))
+    assert set(checks.env(engine)) >= checks.CUDA_ENV
     annotations = watched["spec"]["template"]["metadata"]["annotations"]
     assert annotations["kubectl.kubernetes.io/default-container"] == "server"
 
