@@ -16,9 +16,10 @@ import yaml
 
 from tests.deploy import manifests as m
 from tests.deploy import pod_checks as checks
+from tests.deploy.tools import DEPLOY
 
 Obj = dict[str, Any]
-EXAMPLES = m.DEPLOY / "helm" / "examples"
+EXAMPLES = DEPLOY / "helm" / "examples"
 GUARD_ARGS = ["--k8s-port", "8001"]  # docs/guard.md#behind-a-router, production-stack values
 
 
