@@ -81,7 +81,7 @@ def example_ports() -> dict[int, str]:
 
 def doc_ports(text: str) -> list[tuple[int, int]]:
     """(line number, port) of every port a page names."""
-    found = []
+    found: list[tuple[int, int]] = []
     for number, line in enumerate(text.splitlines(), 1):
         for pattern in PORT_PATTERNS:
             found.extend((number, int(p)) for p in pattern.findall(line))
