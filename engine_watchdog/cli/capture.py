@@ -91,6 +91,8 @@ def engine_options(func: Any) -> Any:
 CAPTURE_HELPS = {
     "incident_dir": "Where the bundle goes.",
     "engine_log": "The engine's log file (its tail goes into the bundle).",
+    "pod_log": "On Kubernetes: the engine container whose log the bundle gets through the "
+    "API's pods/log (the pod-log component grants it), when --engine-log names no file.",
     "tar": "The bundle as .tar.gz.",
     "signatures": "Known-hang signature file the bundle is matched against [default: the one "
     "shipped].",

@@ -24,6 +24,7 @@ from engine_watchdog.core.settings import (
     CaptureSettings,
     DetectorSettings,
     GuardSettings,
+    PeerSettings,
     PolicySettings,
     ProbeSettings,
     ProcessSettings,
@@ -303,6 +304,21 @@ CAPTURE = OptionGroup(
         "The engine's log file (its tail goes into bundles).",
         click.Path(dir_okay=False, path_type=Path),
     ),
+    Opt(
+        "--pod-log",
+        "pod_log",
+        "On Kubernetes: the engine container whose log bundles get through the API's pods/log "
+        "(the pod-log component grants it), when --engine-log names no file.",
+        str,
+        convert=lambda name: name or None,
+    ),
+    Opt(
+        "--pod-log-api",
+        "pod_log_api",
+        "Where --pod-log asks: 'in-cluster', or an API URL such as kubectl proxy's.",
+        str,
+        convert=lambda where: _events_target(where) or "in-cluster",
+    ),
     Opt("--tar", "tar", "Bundles as .tar.gz."),
     Opt(
         "--signatures",
@@ -338,6 +354,44 @@ REPORT = OptionGroup(
         "Alertmanager base URL: push stall alerts there (API v2), resolve on recovery.",
         str,
         convert=lambda url: normalise_url(url) if url else None,
+    ),
+)
+
+
+def _peer_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+PEERS = OptionGroup(
+    PeerSettings,
+    Opt(
+        "--peers",
+        "peers",
+        "Multi-node: every node's peer endpoint, HOST:PORT,HOST:PORT, the leader first (Ray, "
+        "bare metal) [default: from LeaderWorkerSet's LWS_* variables, else a single node].",
+        str,
+        convert=_peer_list,
+        default="",
+    ),
+    Opt(
+        "--peer-port",
+        "port",
+        "This node's peer endpoint port (on LeaderWorkerSet every node the same).",
+        int,
+    ),
+    Opt("--peer-bind", "bind", "The address the peer endpoint listens on.", str),
+    Opt(
+        "--peer-secret-file",
+        "secret_file",
+        "File holding the group's shared secret (a mounted Secret); else "
+        "ENGINE_WATCHDOG_PEER_SECRET. Never give the secret as an argument.",
+        click.Path(dir_okay=False, path_type=Path),
+    ),
+    Opt(
+        "--peer-deadline",
+        "deadline_s",
+        "The leader's one deadline for every node's capture answer.",
+        POSITIVE,
     ),
 )
 
@@ -407,6 +461,7 @@ def watch_settings(kw: dict[str, Any], url: str = "") -> WatchSettings:
         recovery=RECOVERY.take(kw),
         report=REPORT.take(kw),
         guard=GUARD.take(kw),
+        peers=PEERS.take(kw),
     )
     for one, name in ((JSON, "as_json"), (RECORD, "record")):
         if one.opt.dest in kw:

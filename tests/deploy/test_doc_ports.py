@@ -66,7 +66,24 @@ def rendered_ports() -> dict[int, str]:
         guard = _port(w, checks.SIDECAR, "guard")
         assert guard == _host_port(checks.configmap(objs, w)["ENGINE_WATCHDOG_GUARD_LISTEN"])
         roles[int(guard)] = "the guard (guard overlay, guard.enabled)"
+    roles.update(lws_peer_ports(m.render_chart(m.CHART, {"lws": {"enabled": True}})))
+    roles.update(lws_peer_ports(m.render_kustomize(KUBERNETES_DIR / "overlays" / "lws")))
     return roles
+
+
+def lws_peer_ports(objs: list[Obj]) -> dict[int, str]:
+    """The sidecars' peer port in a LeaderWorkerSet rendering (leader and workers)."""
+    ports: dict[int, str] = {}
+    for lws in (o for o in objs if o["kind"] == "LeaderWorkerSet"):
+        for template in lws["spec"]["leaderWorkerTemplate"].values():
+            if not isinstance(template, dict) or "spec" not in template:
+                continue
+            for c in template["spec"]["containers"]:
+                for p in c.get("ports", []):
+                    if c["name"] == checks.SIDECAR and p.get("name") == "peer":
+                        ports[int(p["containerPort"])] = "the sidecars' peer port (LWS)"
+    assert ports, "no peer port in the LeaderWorkerSet rendering"
+    return ports
 
 
 def example_ports() -> dict[int, str]:

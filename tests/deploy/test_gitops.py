@@ -171,8 +171,12 @@ def test_helm_lint_is_clean_in_gitops_mode() -> None:
             {**gitops_values("x"), "guard": {"enabled": True}},
             "gitops with guard.enabled needs gitops.workload.selector",
         ),
+        (
+            {**gitops_values("x"), "lws": {"enabled": True}},
+            "lws.enabled renders this chart's own LeaderWorkerSet",
+        ),
     ],
-    ids=["no-name", "kind", "guard-selector"],
+    ids=["no-name", "kind", "guard-selector", "lws"],
 )
 def test_gitops_values_that_cannot_work_are_refused(values: Obj, message: str) -> None:
     import helm_python as helm
