@@ -173,7 +173,7 @@ def test_helm_lint_is_clean_in_gitops_mode() -> None:
         ),
         (
             {**gitops_values("x"), "lws": {"enabled": True}},
-            "lws.enabled renders this chart's own LeaderWorkerSet",
+            "lws.enabled renders the chart's own LeaderWorkerSet",  # the chart's own check
         ),
     ],
     ids=["no-name", "kind", "guard-selector", "lws"],

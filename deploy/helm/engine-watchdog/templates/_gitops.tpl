@@ -23,9 +23,6 @@ other chart's pod securityContext keeps its other fields). Set engineUser to the
 {{- if or .Values.engine.enabled .Values.inject.manifests -}}
 {{- fail "gitops.enabled patches another chart's workload: set engine.enabled=false and leave inject.manifests empty" -}}
 {{- end -}}
-{{- if .Values.lws.enabled -}}
-{{- fail "gitops.enabled patches one Deployment or StatefulSet of another chart; lws.enabled renders this chart's own LeaderWorkerSet: use one of them" -}}
-{{- end -}}
 {{- if not $g.workload.name -}}
 {{- fail "gitops.enabled needs gitops.workload.name: the metadata.name of the engine Deployment or StatefulSet the other chart renders" -}}
 {{- end -}}
