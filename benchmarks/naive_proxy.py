@@ -1,5 +1,5 @@
 """The floor the guard is measured against: a naive aiohttp pass-through (no progress notes, no
-detector), as issue 15 describes it. ``python -m benchmarks.naive_proxy UPSTREAM PORT``."""
+detector), as docs/guard.md describes it. ``python -m benchmarks.naive_proxy UPSTREAM PORT``."""
 
 from __future__ import annotations
 

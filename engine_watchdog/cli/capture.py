@@ -87,9 +87,21 @@ def engine_options(func: Any) -> Any:
     )(func)
 
 
+# capture writes ONE bundle and no action history: its help says so, not watch's wording.
+CAPTURE_HELPS = {
+    "incident_dir": "Where the bundle goes.",
+    "engine_log": "The engine's log file (its tail goes into the bundle).",
+    "pod_log": "On Kubernetes: the engine container whose log the bundle gets through the "
+    "API's pods/log (the pod-log component grants it), when --engine-log names no file.",
+    "tar": "The bundle as .tar.gz.",
+    "signatures": "Known-hang signature file the bundle is matched against [default: the one "
+    "shipped].",
+}
+
+
 @click.command("capture")
 @engine_options
-@CAPTURE
+@CAPTURE.options(helps=CAPTURE_HELPS)
 @click.option(
     "--timeout",
     type=Number(at_least=1.0),
@@ -97,7 +109,7 @@ def engine_options(func: Any) -> Any:
     show_default=True,
     help="Seconds each capture step may take.",
 )
-@JSON
+@JSON.with_help('Print {"path", "elapsed_s", "steps"} as one JSON document.')
 def capture_command(url: str | None, pids: tuple[int, ...], timeout: float, **kw: Any) -> None:
     """Write a non-destructive incident bundle now and print its path."""
     given_url = url  # its /version is asked through one connection: credentials, TLS and all
@@ -146,7 +158,7 @@ def _report(result: BundleResult, as_json: bool) -> None:
 @click.option("--url", help="Base URL of the engine's server, to check its processes are visible.")
 @click.option("--pid", "pids", type=int, multiple=True, help="Engine process (repeatable).")
 @PY_SPY
-@JSON
+@JSON.with_help("Print the report as one JSON document.")
 def doctor_command(url: str | None, pids: tuple[int, ...], **kw: Any) -> None:
     """Say what this host can capture and how to fix each missing piece."""
     url = redact_url(url) if url else None  # only its port is used: its credentials never are

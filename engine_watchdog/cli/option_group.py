@@ -73,6 +73,10 @@ class One:
     def __call__(self, func: F) -> F:
         return self.opt.decorator(self.default, True)(func)
 
+    def with_help(self, text: str) -> One:
+        """The same option, its help worded for one command (capture prints one document)."""
+        return One(replace(self.opt, help=text), self.default)
+
     def take(self, kw: dict[str, Any]) -> Any:
         value = kw.pop(self.opt.dest)
         return self.opt.convert(value) if self.opt.convert and value is not None else value
@@ -88,15 +92,25 @@ class OptionGroup(Generic[S]):
     def __call__(self, func: F) -> F:
         return self.options()(func)
 
-    def options(self, with_defaults: bool = True, **defaults: Any) -> Callable[[F], F]:
+    def options(
+        self,
+        with_defaults: bool = True,
+        helps: Mapping[str, str] | None = None,
+        **defaults: Any,
+    ) -> Callable[[F], F]:
         """The decorator; ``with_defaults=False``: unset options stay None (the settings come
-        from elsewhere, e.g. a trace); ``defaults``: a command's own default per dest."""
+        from elsewhere, e.g. a trace); ``helps``: a command's own wording of an option's help,
+        per dest (capture writes one bundle, watch many); ``defaults``: a command's own default
+        per dest."""
         base = self.cls()
+        helps = helps or {}
 
         def decorate(func: F) -> F:
             for opt in reversed(self.opts):
                 if opt.dest in defaults:
                     opt = replace(opt, default=defaults[opt.dest])
+                if opt.dest in helps:
+                    opt = replace(opt, help=helps[opt.dest])
                 func = opt.decorator(_get(base, opt.field), with_defaults)(func)
             return func
 

@@ -436,7 +436,9 @@ PROCESS = OptionGroup(
     ),
 )
 """The process's own options: its sockets and its loop, whatever the number of engines."""
-JSON = One(Opt("--json", "as_json", "Print JSON (one document per line for watch and run)."), False)
+JSON = One(
+    Opt("--json", "as_json", "Print JSON: one document per line, one per transition."), False
+)
 RECORD = One(
     Opt(
         "--record",

@@ -119,7 +119,7 @@ class Detector:
         all_idle = bool(tracks) and all(k.verdict.state is State.IDLE for k in tracks)
         idle_since = max((k.verdict.since or t for k in tracks), default=t)
         # Streams the guard holds that the engine does not count: its idle look is no proof (a
-        # wedged core stops publishing, issue 21 case 5), so ask as often as while stalled.
+        # wedged core stops publishing), so ask as often as while stalled.
         every = (
             self.settings.stalled_canary_seconds
             if self._guard_waits_on_engine()

@@ -1,4 +1,4 @@
-"""Known hangs (issue 13): match an incident bundle to the upstream reports it resembles, and
+"""Known hangs: match an incident bundle to the upstream reports it resembles, and
 write the report a maintainer asks for.
 
 Self-contained: imports nothing from the rest of engine_watchdog but the one redaction module,

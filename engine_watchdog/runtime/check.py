@@ -4,7 +4,7 @@ Exit codes: 0 healthy (progress seen, or an idle engine answered a canary), 1 st
 unreachable or not an engine, 3 undecided (no evidence either way when --timeout ran out: the
 line says how long a verdict needs), 64 usage error.
 
-Exit 0 needs evidence (issue 21, case 5): a wedged core stops publishing, so its /metrics read
+Exit 0 needs evidence: a wedged core stops publishing, so its /metrics read
 ``num_requests_running 0`` and look idle (vLLM #46811). An idle look is no proof; a canary is.
 """
 

@@ -292,7 +292,7 @@ def check_guard(r: Rendering) -> None:
         assert len(mine) == 1, (where, [s["metadata"]["name"] for s in services])
         config = configmap(r.objs, w)
         assert config["ENGINE_WATCHDOG_GUARD_LISTEN"] == "0.0.0.0:8001", where
-        # The guard answers every client at a stall: the answer rung is on (issue 15).
+        # The guard answers every client at a stall: the answer rung is on.
         assert config["ENGINE_WATCHDOG_ACTION"].split(",")[0] == "answer", where
 
 

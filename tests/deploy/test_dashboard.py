@@ -1,4 +1,6 @@
-"""deploy/grafana: the dashboard's queries parse (promtool) and select only series that exist."""
+"""deploy/grafana: the dashboard's queries parse (promtool) and select only series that exist:
+every metric name a panel's expression names is one the code exports (tests/deploy/tools.py
+collects them from the watchdog's registry and the guard's collector)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,12 @@ REQUIRED = {
     "vllm:generation_tokens_total",
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
+    # the guard's (engine_watchdog/guard/stats.py) and the readiness gate's
+    "engine_watchdog_guard_in_flight",
+    "engine_watchdog_guard_requests_total",
+    "engine_watchdog_guard_time_to_first_event_seconds_bucket",
+    "engine_watchdog_guard_refusing",
+    "engine_watchdog_readiness_flips_total",
 }
 
 
@@ -58,6 +66,17 @@ def test_dashboard_queries_only_existing_series() -> None:
         assert names <= known, f"panel {title!r} uses unknown series {names - known}"
         used |= names
     assert used >= REQUIRED, f"no panel for {REQUIRED - used}"
+
+
+def test_dashboard_label_values_are_ones_the_code_writes() -> None:
+    """A matcher on a label value that is never written shows an empty panel, not an error."""
+    from engine_watchdog.guard.stats import OUTCOMES
+
+    for title, expr in _queries():
+        for value in re.findall(r'outcome="([^"]+)"', expr):
+            assert value in OUTCOMES, (title, value)
+        for value in re.findall(r'status="([^"]+)"', expr):
+            assert value in ("True", "False"), (title, value)
 
 
 def test_dashboard_queries_parse(tmp_path: Path) -> None:

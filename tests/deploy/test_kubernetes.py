@@ -39,7 +39,7 @@ def test_validator_rejects_a_misspelt_field(rendered: dict[str, list[Obj]]) -> N
 
 def test_baseline_adds_nothing_to_the_engine(rendered: dict[str, list[Obj]]) -> None:
     """The Baseline fallback leaves the engine container exactly as the default variant has it
-    (an argument vLLM does not know becomes its model name: issue 12 item 7)."""
+    (an argument vLLM does not know becomes its model name, as the old Baseline component's did)."""
     (default,), (baseline,) = workloads(rendered["default"]), workloads(rendered["baseline"])
     assert container(baseline, ENGINE) == container(default, ENGINE)
 

@@ -112,11 +112,14 @@ def metric_names(expr: str) -> set[str]:
 
 
 def watchdog_series() -> set[str]:
-    """Every series name the watchdog's own registry can export."""
+    """Every series name the watchdog's /metrics can export: its registry, and the guard's
+    collector (registered there when --guard-listen is on)."""
+    from engine_watchdog.guard.stats import GuardCollector, GuardStats
     from engine_watchdog.report.metrics import WatchdogMetrics
 
+    guard = GuardCollector("t", GuardStats(), in_flight=lambda: 0, refusing=lambda: False)
     names: set[str] = set()
-    for family in WatchdogMetrics().registry.collect():
+    for family in [*WatchdogMetrics().registry.collect(), *guard.collect()]:
         if family.type == "counter":
             names.add(family.name + "_total")
         elif family.type == "histogram":

@@ -1,4 +1,4 @@
-"""Issue 12, item 13, on a REAL vLLM started with ``--api-key``: a hang that only the canary
+"""An engine with an API key, on a REAL vLLM started with ``--api-key``: a hang that only the canary
 reveals quickly (the engine core blocked inside a step by the test plugin's deadlock, not
 stopped: its processes sleep, /health and /metrics answer 200, the metrics freeze).
 
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 
 KEY = "sk-e2e-7d0c5b1e-watchdog-canary"
 KEYED_BOUND_S = 15.0
-"""Issue 12: stalled within 15 s of the fault with the key (defaults: canary after 5 s of flat
+"""Stalled within 15 s of the fault with the key (defaults: canary after 5 s of flat
 progress, timed out after 8 s, fast stall at 10 s)."""
 STALL_S = 30.0  # the default --stall-seconds: all the keyless watchdog has
 

@@ -1,8 +1,8 @@
 """Recovery and the guard on a REAL vLLM, in supervise mode: ``engine-watchdog run
 --guard-listen ... -- <vLLM> --enable-scale-out`` with the ladder answer -> capture -> abort ->
-restart (issue 5, "Proof on a real vLLM"; issue 15, "Proof"). vLLM loads the test plugins
-(tests/e2e/plugin): a request whose id holds ``stuck`` stops being scheduled after two tokens,
-and the engine step deadlocks once a trigger file exists.
+restart (docs/performance.md "Recovery on a real vLLM"; docs/guard.md "Proof"). vLLM loads the
+test plugins (tests/e2e/plugin): a request whose id holds ``stuck`` stops being scheduled after
+two tokens, and the engine step deadlocks once a trigger file exists.
 
 ONE supervised engine serves the whole module (one vLLM start instead of two: CI time); the
 tests run in file order and each leaves the engine serving again:
@@ -23,8 +23,7 @@ e. SIGSTOP of ``VLLM::EngineCore`` under load straight to the engine: verdict ``
 f. a real deadlock inside the engine core: the same, and the bundle's stacks show the lock's frame;
 g. SIGKILL of the engine core: ``engine-dead`` and exactly one restart;
 h. (a vLLM of its own, ``guard --action answer``: the ladder above would restart the shared one)
-   an idle core SIGSTOPped 25 s, refused, SIGCONT: admitted within one canary round (issue 21,
-   case 1).
+   an idle core SIGSTOPped 25 s, refused, SIGCONT: admitted within one canary round.
 
 Times are from the fault to the stall verdict, to the old engine's processes gone and to the
 first successful completion; they are printed at the end of the run (terminal summary).
@@ -356,7 +355,7 @@ def _supervisor_restart(sup: Supervised, since: float) -> dict[str, Any] | None:
     return next((a for a in mine if not a["detail"].startswith("engine exited")), None)
 
 
-# -- issue 21, case 1, the real vLLM's tier (tests/integration/test_way_out.py is the simulator's)
+# -- the way out of a stall, real vLLM tier (the simulator's: tests/integration/test_way_out.py)
 WAY_OUT_CANARY_TIMEOUT_S = 5.0
 WAY_OUT_STALLED_CANARY_S = 3.0
 WAY_OUT_ROUND_S = WAY_OUT_STALLED_CANARY_S + WAY_OUT_CANARY_TIMEOUT_S + 1.0

@@ -1,4 +1,5 @@
-"""Issue 12, item 13, on the simulator (fast; tests/e2e/test_api_key.py does it on a real vLLM).
+"""An engine started with an API key, on the simulator (fast; tests/e2e/test_api_key.py does it
+on a real vLLM).
 
 The simulator guards /v1 with the key in VLLM_API_KEY, as vLLM does with --api-key. The watchdog
 reads its key from --api-key-file, ENGINE_WATCHDOG_API_KEY or VLLM_API_KEY; without one, its

@@ -1,4 +1,4 @@
-"""Issue 12, item 8: one bad engine must not take the others down. A fleet of stand-in engines
+"""One bad engine must not take the others down. A fleet of stand-in engines
 (real aiohttp servers on loopback), each giving one kind of bad answer from tests/data/bad_input,
 beside one good simulated vLLM: `check` and `watch`, through the installed console script, judge
 the good one and report the bad ones, and never crash (it was: a traceback and exit 1 for
@@ -76,7 +76,7 @@ async def test_check_judges_the_good_engine_beside_every_kind_of_bad_one(
     doc = ran.json()
     states = {t["target"]: t["state"] for t in doc["targets"]}
     evidence = {t["target"]: t["evidence"] for t in doc["targets"]}
-    # Idle is no proof (issue 21, case 5): the good engine is healthy by its canary's answer.
+    # Idle is no proof: the good engine is healthy by its canary's answer.
     assert evidence[good.url] == "canary" and states[good.url] != "stalled", doc
     assert states[fleet["metrics_garbage.bin"].url] == "unreachable"
     assert ran.code == 2, ran.out + ran.err  # the worst: one target is no engine at all

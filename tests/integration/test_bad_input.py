@@ -1,6 +1,6 @@
 """The bad-input corpus (tests/data/bad_input/cases.json), each case through the installed
 console script as a user runs it: its own exit code and one line naming the fix, never a
-traceback (issue 12, item 11). A full disk is a real 64 KiB tmpfs."""
+traceback. A full disk is a real 64 KiB tmpfs."""
 
 from __future__ import annotations
 

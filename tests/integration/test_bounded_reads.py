@@ -1,4 +1,4 @@
-"""Issue 12, items 1 and 9: every body is read to its end against a cap, never truncated and
+"""Every body is read to its end against a cap, never truncated and
 never read without bound. Real aiohttp servers on loopback send the bodies in small chunks
 with delays (as a busy engine's event loop does), with and without a Content-Length."""
 

@@ -1,4 +1,4 @@
-"""A port in use (issue 21, case 7), through the console script: one line naming the option,
+"""A port in use, through the console script: one line naming the option,
 the port and the fix, exit 64, no 'never awaited' warning, nothing left running."""
 
 from __future__ import annotations

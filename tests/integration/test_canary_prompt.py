@@ -1,6 +1,6 @@
-"""A canary's answer is judged when it comes, not at the next probe round (issue 12, item 13:
-on a real vLLM the failed canary waited up to a round, which put the verdict at 13-15 s, at the
-edge of the 15 s it must meet). A stand-in engine (a real aiohttp server on loopback) shows work
+"""A canary's answer is judged when it comes, not at the next probe round (on a real vLLM the
+failed canary waited up to a round, which put the verdict at 13-15 s, at the edge of the 15 s it
+must meet). A stand-in engine (a real aiohttp server on loopback) shows work
 and no progress and never answers the completion; with 5 s rounds the difference is plain."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`check` exits 0 only on evidence (issue 21, case 5), through the installed console script.
+"""`check` exits 0 only on evidence, through the installed console script.
 
 A wedged core stops publishing, so /metrics read ``num_requests_running 0`` and the engine looks
 idle (vLLM #46811's incident). Before, `check` printed ``idle`` and exited 0 on such an engine,

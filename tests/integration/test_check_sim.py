@@ -33,7 +33,7 @@ async def test_check_says_stalled_on_the_seed_freeze_under_load(
 async def test_check_says_healthy_under_load_and_on_an_idle_server(sim_factory: SimFactory) -> None:
     sim = await sim_factory("--tokens-per-second", "30")
     ran = await run_cli("check", sim.url, "--json", "--stall-seconds", STALL)
-    # Idle is no proof (a wedged core looks idle): the canary answered is (issue 21, case 5).
+    # Idle is no proof (a wedged core looks idle): the canary answered is.
     assert (ran.code, ran.json()["evidence"]) == (0, "canary"), ran.out + ran.err
     async with StreamingLoad(sim.url, clients=3, max_tokens=200, model="sim-model") as load:
         await load.wait_for(chunks=20, in_flight=3, timeout=30)

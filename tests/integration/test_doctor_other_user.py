@@ -1,4 +1,4 @@
-"""Issue 21 case 8: ``doctor --pid`` on another user's process. It said "internal error" (the
+"""``doctor --pid`` on another user's process. It said "internal error" (the
 py-spy trial could not be started) and its ptrace line blamed Yama, whose setting does not
 matter across UIDs. Now: one clear ptrace line, the trial skipped, and exit 77 (EX_NOPERM).
 

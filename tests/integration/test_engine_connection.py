@@ -1,4 +1,4 @@
-"""Issue 21, case 11 and "one engine connection": the URL's ``user:password@`` and an API key
+"""One engine connection: the URL's ``user:password@`` and an API key
 together made every canary fail (aiohttp refuses Basic credentials in the URL plus an
 Authorization header), so a healthy idle engine was ``wedged-idle`` at +5 s.
 

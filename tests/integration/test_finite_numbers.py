@@ -1,4 +1,4 @@
-"""Issue 21 case 14: ``nan`` and ``inf`` passed every number option (``--stall-seconds nan``
+"""``nan`` and ``inf`` passed every number option (``--stall-seconds nan``
 switched stall detection off without a word). Now every float option, from a flag or from its
 ENGINE_WATCHDOG_* variable, must be finite and in range: one line naming the flag or the
 variable, exit 64, before anything is probed."""

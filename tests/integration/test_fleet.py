@@ -37,7 +37,7 @@ async def test_fleet_check_one_line_each_a_summary_and_the_worst_exit_code(
         ran = await run_cli("check", healthy.url, "--targets", str(targets), "--stall-seconds", "8")
     lines = ran.out.strip().splitlines()
     assert ran.code == 1, ran.out + ran.err  # stalled outranks unreachable
-    # Idle is no proof: its canary answered, and its token is progress (issue 21, case 5).
+    # Idle is no proof: its canary answered, and its token is progress.
     assert lines[0].startswith(f"{healthy.url}: progressing")
     assert lines[1].startswith(f"{frozen.url}: stalled")
     assert lines[2].startswith(f"{closed}: unreachable")
@@ -111,7 +111,7 @@ async def test_a_fleet_check_stays_within_the_file_descriptor_limit(tmp_path: Pa
         await server.wait()
     doc = json.loads(ran.out)
     # Every engine judged; the idle half, with --no-canary, proves nothing: undecided (exit 3,
-    # issue 21 case 5), which is not a fd failure (that would be unreachable, exit 2).
+    # a wedged core looks idle), which is not a fd failure (that would be unreachable, exit 2).
     assert ran.code == 3, (doc["summary"], ran.err[-2000:])
     assert doc["summary"] == {"idle": 75, "progressing": 75}
 

@@ -1,4 +1,4 @@
-"""A full disk may cost the bundle, never the restart (issue 12, item 5): supervise mode with its
+"""A full disk may cost the bundle, never the restart: supervise mode with its
 incident directory (bundles, the action history, the engine log) on a real 64 KiB tmpfs that is
 already full."""
 

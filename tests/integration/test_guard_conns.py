@@ -1,4 +1,4 @@
-"""Slowloris (issue 21, case 15), through the console script: idle connections past
+"""Slowloris, through the console script: idle connections past
 --guard-max-idle-connections and heads not whole within --guard-head-timeout are closed, and
 counted in engine_watchdog_guard_connections_closed_total{reason}."""
 

@@ -1,4 +1,4 @@
-"""What held under issue 21's audit and must keep holding, black-box: the installed console
+"""What held under the hardening audit and must keep holding, black-box: the installed console
 script's guard (``engine-watchdog guard URL --guard-listen ...``) in front of a real loopback
 aiohttp upstream that counts what reaches it, spoken to in raw HTTP/1.1 where framing matters.
 No guard internals are imported: the guard's data path is being replaced underneath."""

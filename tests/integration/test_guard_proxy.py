@@ -1,4 +1,4 @@
-"""The guard's proxy on its own (issue 15, simulator tier): transparent to the same request
+"""The guard's proxy on its own (simulator tier): transparent to the same request
 sent straight to the engine, a client that leaves closes its request in the engine, a slow
 reader is never stuck, and bad options are one line. Against a real simulator (or a plain SSE
 server) on loopback; the watchdog as the real console script where a judge is needed.

@@ -1,4 +1,4 @@
-"""The guard in front of the simulator, inside the watchdog (issue 15, simulator tier): one
+"""The guard in front of the simulator, inside the watchdog (simulator tier): one
 stuck request aborted while the others complete, a frozen engine's clients answered at once and
 new requests refused, requests passing again after a restart, and every legitimate quiet case
 left alone. The watchdog runs as the real console script (``guard`` or ``run --guard-listen``).

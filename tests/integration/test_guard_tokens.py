@@ -1,4 +1,4 @@
-"""Issue 21, cases 2 and 12, through the installed console script: ``watch URL --guard-listen``
+"""The guard's token accounting, through the installed console script: ``watch URL --guard-listen``
 in front of a real loopback engine (tests/tools/token_engine.py).
 
 - 2: progress is tokens. A stream that sent one token and then only ``: keepalive`` comments

@@ -1,5 +1,5 @@
-"""Issue 21, cases 3 and 4, through the installed console script: ``watch URL --guard-listen``
-in front of a real loopback aiohttp engine (tests/tools/stub_engine.py).
+"""The guard's trust in its clients, through the installed console script: ``watch URL
+--guard-listen`` in front of a real loopback aiohttp engine (tests/tools/stub_engine.py).
 
 - 3: the engine URL carries ``user:password@``. The guard adds no credential of its own: a
   client that brings its own ``Authorization`` gets the engine's answer and the engine receives

@@ -106,7 +106,7 @@ FIXTURE_BUNDLE = Path(__file__).parents[1] / "data/hangs/no-match-sigstop-cpu"
 
 
 async def test_explain_and_report_on_a_folder_that_is_no_bundle_exit_65(tmp_path: Path) -> None:
-    """Issue 21 case 9: ``explain`` of a folder that is no bundle exited 0 with "nothing
+    """``explain`` of a folder that is no bundle exited 0 with "nothing
     matches". Now exit 65 and one line that says it is not a bundle and what one has."""
     empty = tmp_path / "empty"
     empty.mkdir()

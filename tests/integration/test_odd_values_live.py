@@ -1,4 +1,4 @@
-"""Issue 12, item 10, live: stand-in engines (real aiohttp servers on loopback) whose /metrics
+"""Odd metric values, live: stand-in engines (real aiohttp servers on loopback) whose /metrics
 hold odd values, watched through the installed console script. Each of them hangs (nothing
 moves while requests run); the watchdog must say stalled, and say each odd thing once in its
 log. It said nothing, and two of them (counters flapping between two replicas, a counter

@@ -1,4 +1,4 @@
-"""``--restart-command`` with real commands (issue 12, item 16): the watchdog waits for the
+"""``--restart-command`` with real commands: the watchdog waits for the
 command itself, never for what it started, and never kills what it deliberately detached."""
 
 from __future__ import annotations

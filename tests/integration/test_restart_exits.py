@@ -1,4 +1,4 @@
-"""Issue 21 case 10: every restart goes through the supervisor, whoever asks, in run mode."""
+"""Every restart goes through the supervisor, whoever asks, in run mode."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A restart kills only the watched engine's processes (issue 12, item 4), with real processes:
+"""A restart kills only the watched engine's processes, with real processes:
 two simulated engines under one shell, PID 1, an engine of another UID (tests run as root),
 an orphaned engine core. A ``--pid`` that is not an engine, or is another user's, is refused at
 start in one line (exit 64)."""
@@ -155,7 +155,7 @@ async def test_pid_1_is_refused_where_it_is_init_and_taken_where_it_is_the_engin
         inside = ["nsenter", "-t", str(engine.pid), "-p", "-m", str(CONSOLE_SCRIPT)]
         done = await asyncio.to_thread(run_inside, [*inside, "check", url, "--pid", "1"])
         assert done.returncode == 0, done.stderr[-2000:]
-        assert "(evidence: canary)" in done.stdout  # idle is no proof (issue 21, case 5)
+        assert "(evidence: canary)" in done.stdout  # idle is no proof
     finally:
         end_group(ns)
 

@@ -1,5 +1,5 @@
 """No secret from the engine's command line, its environment or a URL reaches anything the
-watchdog writes or serves (issue 12, item 3), and everything it writes is private.
+watchdog writes or serves, and everything it writes is private.
 
 Real processes carry real secrets: the simulator runs under tests/tools/secret_engine.py, whose
 command line holds every form in tests/data/bad_input/secrets.json, started by ``run`` (through
@@ -226,7 +226,7 @@ async def test_the_url_credentials_still_reach_the_engine(tmp_path: Path) -> Non
         ran = await run_cli("check", url, "--engine", "vllm", "--no-canary", "--timeout", "4")
     finally:
         await runner.cleanup()
-    # Idle with --no-canary is no evidence of health: undecided (issue 21, case 5).
+    # Idle with --no-canary is no evidence of health: undecided.
     assert ran.code == 3, ran.out + ran.err
     assert ran.out.startswith(f"http://<redacted>@127.0.0.1:{port}: undecided: idle")
     assert not leaks(ran.out)

@@ -1,4 +1,4 @@
-"""Stopping (issue 21, cases 6 and 13), through the console script in front of the simulator:
+"""Stopping, through the console script in front of the simulator:
 every signal ends the process in bounded time, a second one at once; SIGTERM with streams open
 refuses new requests, lets the moving streams finish within --guard-drain-seconds and ends the
 rest with the error event; the probe loop and the supervisor go on during the drain, so a

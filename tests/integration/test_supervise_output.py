@@ -1,4 +1,4 @@
-"""Supervise mode drains its engine's output whatever it prints (issue 12, item 2): lines of
+"""Supervise mode drains its engine's output whatever it prints: lines of
 megabytes (tracebacks, config dumps with the whole command line) used to kill the copier, and
 the engine then blocked on its next write (wchan anon_pipe_write)."""
 

@@ -1,4 +1,4 @@
-"""Issue 12, item 12: an https engine. A real aiohttp server on loopback with a self-signed
+"""An https engine. A real aiohttp server on loopback with a self-signed
 certificate made here by Debian's openssl: untrusted, the watchdog says `tls` and names the fix
 (it said `too-large`, naming an option that did not exist); with --ca-file (or
 ENGINE_WATCHDOG_CA_FILE) it judges the engine."""

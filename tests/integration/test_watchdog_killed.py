@@ -1,5 +1,5 @@
-"""The watchdog killed with SIGKILL, then started again, through the real console script (issue 12,
-items 14 and 15): nothing it started runs on unsupervised, nothing it half wrote stays.
+"""The watchdog killed with SIGKILL, then started again, through the real console script:
+nothing it started runs on unsupervised, nothing it half wrote stays.
 
 - supervise mode: exactly one engine serves afterwards (no second engine failing on the port),
   whether the orphan still served or was stopped (SIGSTOP: hung) when its watchdog died;

@@ -1,4 +1,4 @@
-"""Issue 21, case 1, simulator tier (tests/e2e/test_recovery.py has the real vLLM's): an idle
+"""The way out of a stall, simulator tier (tests/e2e/test_recovery.py has the real vLLM's): an idle
 engine's core paused (SIGSTOP of the engine-core child only, the API process answering) made
 the idle canary time out, the verdict ``stalled (wedged-idle)`` and the guard refuse. After
 SIGCONT every request through the guard still got 503: nothing probed in that state (the guard

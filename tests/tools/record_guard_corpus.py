@@ -1,4 +1,4 @@
-"""Record the corpus scenarios seen through the guard (issue 15): the simulator under streaming
+"""Record the corpus scenarios seen through the guard: the simulator under streaming
 load whose clients connect to a guard in this process; the watcher probes the engine as
 ``record`` does, with the guard's observations as one more probe (``guard`` records).
 

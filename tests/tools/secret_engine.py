@@ -1,4 +1,4 @@
-"""An engine whose command line holds secrets, for the secret-leak tests (issue 12, item 3).
+"""An engine whose command line holds secrets, for the secret-leak tests.
 
 ``python tests/tools/secret_engine.py SIM-OPTIONS -- SECRET-ARGS`` runs the simulator in this
 very process, so its ``/proc/PID/cmdline`` keeps everything, secrets included (the simulator's

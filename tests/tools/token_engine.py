@@ -1,4 +1,4 @@
-"""A REAL loopback aiohttp engine for the guard's token tests (issue 21, cases 2 and 12): each
+"""A REAL loopback aiohttp engine for the guard's token tests: each
 POST /v1/completions says in its body what its stream does, and the engine keeps what became
 of every stream by the body's ``tag`` (finished, or cut from the guard's side: an abort).
 

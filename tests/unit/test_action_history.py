@@ -1,4 +1,4 @@
-"""The action history on a real file system (issue 12, item 6): a torn last line, bytes that are
+"""The action history on a real file system: a torn last line, bytes that are
 not UTF-8, records that are not records, times that are not times, a directory at the path."""
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def test_the_rules_can_fail() -> None:
 
 
 def test_docs_name_every_module() -> None:
-    """docs/architecture.md names every module of the package (issue 21: it missed hangs/ and
+    """docs/architecture.md names every module of the package (it missed hangs/ and
     dozens of files): a new module without a line there fails here."""
     import re
 

@@ -1,4 +1,4 @@
-"""Every number option of every command refuses nan and inf (issue 21 case 14): none may use
+"""Every number option of every command refuses nan and inf: none may use
 click's FLOAT or FloatRange, which pass them on."""
 
 from __future__ import annotations

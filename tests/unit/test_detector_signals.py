@@ -182,7 +182,7 @@ def test_a_new_engine_after_death_is_judged_afresh() -> None:
 
 
 def test_guard_streams_the_engine_does_not_count_bring_canaries_every_few_seconds() -> None:
-    """Issue 21, case 5 in `watch`: a wedged core reads 0 running while the guard holds streams
+    """Idle is no proof, in `watch`: a wedged core reads 0 running while the guard holds streams
     waiting on it. That idle look is no proof: a canary every stalled_canary_seconds, not 60 s."""
     d = Detector(DetectorSettings(canary_after_seconds=5, idle_canary_seconds=60))
     for t in range(7):

@@ -219,8 +219,9 @@ SECRET_FIXTURES = Path(__file__).resolve().parents[1] / "data" / "bad_input" / "
 
 
 def test_the_hardening_secret_fixtures_never_reach_the_report(tmp_path: Path) -> None:
-    """Every form of issue 12's secret corpus, put unredacted into every file the report reads
-    (command line, environment, log, timeline): none of them is in report.md."""
+    """Every form of the secret corpus (tests/data/bad_input/secrets.json), put unredacted into
+    every file the report reads (command line, environment, log, timeline): none of them is in
+    report.md."""
     fixtures = json.loads(SECRET_FIXTURES.read_text())
     b = tmp_path / "foreign"
     shutil.copytree(FIXTURES / "vllm-mtp-engine-core-waits-on-workers", b)

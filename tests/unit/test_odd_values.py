@@ -1,4 +1,4 @@
-"""Issue 12, item 10: values no healthy exposition has, and what the watchdog makes of them
+"""Values no healthy exposition has, and what the watchdog makes of them
 (docs/reliability.md, "Probes"). The expositions are tests/data/bad_input's; the detector is
 fed what the metrics probe parses from them, so this is the code that runs live."""
 

@@ -22,7 +22,7 @@ from engine_watchdog.runtime.trace import decode
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 CAUSES = set(STALL_CAUSES)
-"""Every cause issue 3 defines: the corpus must make each one at least once."""
+"""Every cause the detector defines: the corpus must make each one at least once."""
 MAX_TRACE_BYTES = 300 * 1024
 MAX_CORPUS_BYTES = 5 * 1024 * 1024
 
@@ -147,7 +147,7 @@ def canary_cases() -> list[Any]:
 
 @pytest.mark.parametrize("name", canary_cases())
 def test_without_its_canaries_a_hang_keeps_its_cause_within_the_metrics_window(name: str) -> None:
-    """--no-canary only makes detection slower (issue 3: within 35 s from metrics alone); the
+    """--no-canary only makes detection slower (within 35 s from metrics alone); the
     cause comes from the evidence that stays (processes, GPUs, metrics)."""
     s = load(name)
     changes = fed_live(name, canary=False)

@@ -1,5 +1,5 @@
 """Test-only vLLM plugin (entry point ``engine_watchdog_test_stuck``): ONE request stops getting
-tokens while the rest of the batch goes on, for engine-watchdog's guard tests (issue 15).
+tokens while the rest of the batch goes on, for engine-watchdog's guard tests.
 
 When ``ENGINE_WATCHDOG_TEST_STUCK_MARKER`` is set, ``register()`` wraps the v1 scheduler's
 ``Scheduler.schedule``: a running request whose id contains the marker (vLLM builds the id from

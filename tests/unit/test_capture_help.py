@@ -1,0 +1,43 @@
+"""``capture --help`` describes capture: one bundle, one JSON document. Options shared with
+watch and run keep watch's wording elsewhere, never here (it said "the action history" and "one
+document per line for watch and run")."""
+
+from __future__ import annotations
+
+import re
+
+import click
+from click.testing import CliRunner
+
+from engine_watchdog.cli.capture import capture_command, doctor_command
+from engine_watchdog.cli.main import watch
+
+
+def help_of(command: click.Command) -> str:
+    done = CliRunner().invoke(command, ["--help"], terminal_width=200)
+    assert done.exit_code == 0, done.output
+    return done.output
+
+
+def option_helps(text: str) -> dict[str, str]:
+    """--flag -> its help text, from click's one-line-per-option layout (width 200)."""
+    found = re.findall(r"^  (--[\w-]+)(?: [A-Z]+)?\s{2,}(.+)$", text, re.M)
+    return {flag: re.sub(r"\s+\[default: [^\]]*\]$", "", text).strip() for flag, text in found}
+
+
+def test_capture_help_speaks_of_capture_only() -> None:
+    text = help_of(capture_command)
+    for foreign in ("watch", "and run", "action history", "per line", "bundles"):
+        assert foreign not in text, foreign
+    helps = option_helps(text)
+    assert helps["--json"] == 'Print {"path", "elapsed_s", "steps"} as one JSON document.'
+    assert helps["--incident-dir"] == "Where the bundle goes."
+    assert len(set(helps.values())) == len(helps), helps  # no help pasted onto two options
+
+
+def test_the_shared_options_keep_their_wording_in_watch() -> None:
+    helps = option_helps(help_of(watch))
+    assert helps["--incident-dir"] == "Where incident bundles and the action history go."
+    assert helps["--json"] == "Print JSON: one document per line, one per transition."
+    doctor = option_helps(help_of(doctor_command))
+    assert doctor["--json"] == "Print the report as one JSON document."
