@@ -42,6 +42,8 @@ class Opt:
     """Command-line value -> field value."""
     default: Any = None
     """The command-line default when it is not the field's own (e.g. ``--action``)."""
+    callback: Callable[[click.Context, click.Parameter, Any], Any] | None = None
+    """click's callback: runs while the command line is read (--json: the log format)."""
 
     @property
     def dest(self) -> str:
@@ -49,6 +51,7 @@ class Opt:
 
     def decorator(self, field_default: Any, with_default: bool) -> Callable[[F], F]:
         attrs: dict[str, Any] = {"help": self.help, "envvar": env_name(self.dest)}
+        attrs.update(show_envvar=True, callback=self.callback)
         default = self.default if self.default is not None else field_default
         if self.multiple:
             attrs["multiple"] = True

@@ -37,6 +37,7 @@ from engine_watchdog.core.settings import (
     validate,
     validate_process,
 )
+from engine_watchdog.host import logs
 from engine_watchdog.net.access import load_api_key, tls_context
 
 
@@ -382,7 +383,25 @@ PROCESS = OptionGroup(
     ),
 )
 """The process's own options: its sockets and its loop, whatever the number of engines."""
-JSON = One(Opt("--json", "as_json", "Print JSON (one document per line for watch and run)."), False)
+
+
+def _json_logs(ctx: click.Context, param: click.Parameter, as_json: bool) -> bool:
+    """--json: every line from here on is JSON, log lines and the error a bad option ends with
+    included (the options after it are read after this)."""
+    if as_json:
+        logs.configure(True)
+    return as_json
+
+
+JSON = One(
+    Opt(
+        "--json",
+        "as_json",
+        "Print JSON: one object a line for watch, run and guard, their log lines included.",
+        callback=_json_logs,
+    ),
+    False,
+)
 RECORD = One(
     Opt(
         "--record",
