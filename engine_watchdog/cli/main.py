@@ -19,7 +19,7 @@ import click
 
 from engine_watchdog import __version__
 from engine_watchdog.cli.errors import EXIT_SOFTWARE, EXIT_USAGE, CliError
-from engine_watchdog.cli.numbers import POSITIVE
+from engine_watchdog.cli.numbers import POSITIVE, env_source
 from engine_watchdog.cli.options import (
     CAPTURE,
     DETECTOR,
@@ -155,6 +155,7 @@ def guard(url: str, **kw: Any) -> None:
     type=POSITIVE,
     default=None,
     envvar="ENGINE_WATCHDOG_TIMEOUT",
+    show_envvar=True,
     help="Observe at most this long [default: --stall-seconds + 10].",
 )
 @JSON
@@ -224,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     except click.Abort:
         code = EXIT_INTERRUPTED
     except click.UsageError as exc:
+        if isinstance(exc, click.BadParameter) and (var := env_source(exc.param, exc.ctx)):
+            exc.param_hint = var  # the ConfigMap's typo points at the ConfigMap, not a flag
         click.echo(logs.error_line(f"{exc.format_message()} (see --help)"), err=True)
         code = EXIT_USAGE
     except (SettingsError, CannotWriteError, CliError) as exc:

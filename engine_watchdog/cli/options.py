@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from engine_watchdog.cli.numbers import POSITIVE, SECONDS
-from engine_watchdog.cli.option_group import One, Opt, OptionGroup, all_consumed
+from engine_watchdog.cli.option_group import One, Opt, OptionGroup, all_consumed, named_by_source
 from engine_watchdog.core.settings import (
     EVENT_LOOPS,
     REQUEST_ACTIONS,
@@ -387,7 +387,7 @@ PROCESS = OptionGroup(
 
 def _json_logs(ctx: click.Context, param: click.Parameter, as_json: bool) -> bool:
     """--json: every line from here on is JSON, log lines and the error a bad option ends with
-    included (the options after it are read after this)."""
+    included (an eager option: read before the others)."""
     if as_json:
         logs.configure(True)
     return as_json
@@ -399,6 +399,7 @@ JSON = One(
         "as_json",
         "Print JSON: one object a line for watch, run and guard, their log lines included.",
         callback=_json_logs,
+        eager=True,
     ),
     False,
 )
@@ -439,7 +440,8 @@ def process_settings(kw: dict[str, Any]) -> ProcessSettings:
 
 def _with_api_key(probe: ProbeSettings) -> ProbeSettings:
     """The engine's API key, from --api-key-file or the environment (read once, at start)."""
-    return replace(probe, api_key=load_api_key(probe.api_key_file))
+    with named_by_source("--api-key-file", "api_key_file"):
+        return replace(probe, api_key=load_api_key(probe.api_key_file))
 
 
 def for_each(base: WatchSettings, urls: list[str]) -> list[WatchSettings]:
