@@ -76,6 +76,10 @@ async def test_engine_death_is_reported_and_restarted_once(tmp_path: Path) -> No
         code = await asyncio.wait_for(run.proc.wait(), 40)
     assert code == 0
     assert not [p for p in children if psutil.pid_exists(p)], "engine processes left behind"
+    # --json: the engine's own output on our stderr is JSON lines too, one record a line.
+    records = [json.loads(line) for line in (tmp_path / "run.err").read_text().splitlines()]
+    assert any(r["logger"] == "engine" and "API server" in r["msg"] for r in records), records
+    assert any(r["logger"] == "engine_watchdog.actions" and r["incident"] for r in records)
 
 
 ENGINE_SCRIPT = """
