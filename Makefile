@@ -35,7 +35,12 @@ lint: $(STAMP)
 tools:
 	bash deploy/ensure-tools.sh
 
-test: lint tools
+# The real-vLLM tests' venvs and model are built beside lint and the tools (minutes in a fresh
+# clone, the head of the suite's critical path); pytest waits on the same lock if not done.
+test: $(STAMP)
+	@mkdir -p .cache; setsid $(PY) tests/tools/vllm_env.py --all >.cache/prebuild.log 2>&1 & \
+	prebuild=$$!; trap 'kill -TERM $$prebuild 2>/dev/null; wait $$prebuild 2>/dev/null' EXIT; \
+	$(MAKE) --no-print-directory lint tools && \
 	$(PY) -m pytest -q -ra -n 2 --dist loadgroup
 
 unit: $(STAMP)

@@ -27,6 +27,7 @@ from engine_watchdog.capture.known_hangs import KnownHangs, known_hangs
 from engine_watchdog.capture.manifest import cause_of, draft_manifest, finish_manifest
 from engine_watchdog.capture.retention import new_tmp_dir, prune, release, tar_into_place
 from engine_watchdog.capture.step import (
+    SAMPLES_AGAIN,
     WAKES_THE_ENGINE,
     CaptureContext,
     CaptureStep,
@@ -63,6 +64,9 @@ class BundleSettings:
     """Wall-clock seconds (tests pin it)."""
     engine_version: Callable[[], Awaitable[str | None]] | None = None
     """Asks the engine its version (bounded), while the steps run; None: not asked."""
+    pod_log: Callable[[], Awaitable[bytes]] | None = None
+    """Reads the engine container's log through the Kubernetes API (capture/pod_log.py), while
+    the steps run, for engine.log when no --engine-log file is named; None: not read."""
 
     @property
     def incident_dir(self) -> Path:
@@ -127,13 +131,17 @@ async def _run_steps(
 
 def step_phases(steps: Sequence[CaptureStep], destructive: bool) -> list[list[int]]:
     """Indices of the steps to run together, phase by phase: those that only look; then those
-    that wake the engine (:data:`WAKES_THE_ENGINE`); in a destructive capture, last, the last
-    step (the CUDA core dump, which ends the process) once the others are done with it."""
+    that sample the same processes again (:data:`SAMPLES_AGAIN`); then those that wake the
+    engine (:data:`WAKES_THE_ENGINE`); in a destructive capture, last, the last step (the CUDA
+    core dump, which ends the process) once the others are done with it."""
     last = len(steps) - 1 if destructive and len(steps) > 1 else None
     rest = [i for i in range(len(steps)) if i != last]
-    wakes = [i for i in rest if getattr(steps[i], "__name__", "") in WAKES_THE_ENGINE]
-    looks = [i for i in rest if i not in wakes]
-    return [phase for phase in (looks, wakes, [last] if last is not None else []) if phase]
+    names = {i: getattr(steps[i], "__name__", "") for i in rest}
+    again = [i for i in rest if names[i] in SAMPLES_AGAIN]
+    wakes = [i for i in rest if names[i] in WAKES_THE_ENGINE]
+    looks = [i for i in rest if i not in wakes and i not in again]
+    phases = (looks, again, wakes, [last] if last is not None else [])
+    return [phase for phase in phases if phase]
 
 
 async def _run_together(
@@ -169,6 +177,7 @@ def _write_evidence(
     seen: _Processes,
     timeline: Sequence[Mapping[str, Any]],
     vers: Mapping[str, Any],
+    pod_log: bytes | None,
 ) -> None:
     """Everything the writer adds itself but summary.md. Blocking; OSError propagates."""
     write_private(tmp / "processes.json", json.dumps(seen.records, indent=2).encode())
@@ -182,6 +191,8 @@ def _write_evidence(
         except OSError as e:
             tail = f"[engine-watchdog] could not read {log}: {e.strerror}\n".encode()
         write_private(tmp / "engine.log", tail)
+    elif pod_log is not None:  # the same masking: vLLM logs its non-default args, --api-key too
+        write_private(tmp / "engine.log", seen.masker.data(pod_log))
 
 
 def _write_summary(tmp: Path, s: BundleSettings, info: SummaryInput, hangs: KnownHangs) -> None:
@@ -214,16 +225,17 @@ async def write_bundle(
         # Before the steps: a destructive step (the CUDA core dump) ends the engine, and with it
         # the command lines and environments the records and the log's masking read.
         seen = await asyncio.to_thread(_read_processes, procs, settings.proc_root)
-        results, vers, version = await asyncio.gather(
+        results, vers, version, pod_log = await asyncio.gather(
             _run_steps(steps, ctx, settings.step_grace_s),
             evidence.versions(tools.get("py-spy")),
             _engine_version(settings),
+            _pod_log(settings),
         )
         vers = {**vers, "engine_version": version} if version else vers
         info = SummaryInput(
             created, settings.engine, verdict, procs, results, timeline, engine_version=version
         )
-        await asyncio.to_thread(_write_evidence, tmp, settings, seen, timeline, vers)
+        await asyncio.to_thread(_write_evidence, tmp, settings, seen, timeline, vers, pod_log)
         elapsed = time.monotonic() - t0
         draft = draft_manifest(
             name, created, settings.engine, settings.destructive, verdict, procs, results, elapsed
@@ -252,6 +264,10 @@ async def write_bundle(
 
 async def _engine_version(s: BundleSettings) -> str | None:
     return await s.engine_version() if s.engine_version is not None else None
+
+
+async def _pod_log(s: BundleSettings) -> bytes | None:
+    return await s.pod_log() if s.pod_log is not None else None
 
 
 def _prune(s: BundleSettings, final: Path) -> list[str]:

@@ -53,3 +53,9 @@ dump thread, a signal handler. The bundle writer runs them after the steps that 
 (py-spy, NVML), so the stacks show the engine as the stall left it. On an H200, a concurrent
 py-spy caught PyTorch's dump thread importing torch._dynamo for the dump, and the summary named
 it "in a collective" (docs/gpu-verification.md)."""
+
+SAMPLES_AGAIN = frozenset({"peers"})
+"""Steps (by ``__name__``) that ptrace the engine's processes again: the multi-node fan-out
+(peers/fanout.py) samples the leader's own ranks in-process while it orders the other nodes'.
+The bundle writer runs them after the steps that only look, before those that wake the engine,
+so two py-spy never attach to one process at once."""

@@ -26,6 +26,7 @@ from engine_watchdog.cli.options import (
     ENGINE,
     GUARD,
     JSON,
+    PEERS,
     POLICY,
     PROBE,
     PROCESS,
@@ -66,6 +67,7 @@ def cli(verbose: bool) -> None:
 @CAPTURE
 @REPORT
 @GUARD
+@PEERS
 def watch(**kw: Any) -> None:
     """Watch engines; print every state transition; act on stalls (--action).
 
@@ -81,6 +83,8 @@ def watch(**kw: Any) -> None:
         raise SettingsError("--record takes one engine; record each engine separately")
     if process.guard_listen and len(urls) > 1:
         raise SettingsError("--guard-listen takes one engine; run one guard per engine")
+    if base.peers.peers and len(urls) > 1:
+        raise SettingsError("--peers takes one engine: the group's leader or one of its nodes")
     if base.report.readiness_gate and len(urls) > 1:
         raise SettingsError(
             "--readiness-gate takes one engine: it sets the condition of the pod the sidecar "
@@ -102,6 +106,7 @@ def watch(**kw: Any) -> None:
 @CAPTURE
 @REPORT
 @GUARD
+@PEERS
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(url: str, command: tuple[str, ...], **kw: Any) -> None:
     """Start the engine (the COMMAND after --), watch it, and restart it when it hangs.
@@ -128,6 +133,7 @@ def run(url: str, command: tuple[str, ...], **kw: Any) -> None:
 @CAPTURE
 @REPORT
 @GUARD
+@PEERS
 def guard(url: str, **kw: Any) -> None:
     """Put the guard in front of an engine: clients connect to --guard-listen, every request
     passes through to URL; stuck streams are aborted and, when the engine stalls, every client

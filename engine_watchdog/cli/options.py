@@ -1,7 +1,8 @@
 """The option groups of the commands, one per settings section, and the WatchSettings they
 build together (cli/option_group.py has the machinery). The groups live by what they are about:
 options_judging.py (engine, probes, detector), options_acting.py (policy, recovery, capture,
-guard), options_output.py (reporters, the process's sockets, --json, --record).
+guard), options_output.py (reporters, the process's sockets, the peer endpoint, --json,
+--record).
 
 Every option can also come from the environment as ENGINE_WATCHDOG_<OPTION> (a Kubernetes
 ConfigMap feeds the sidecar through envFrom).
@@ -15,7 +16,7 @@ from typing import Any
 from engine_watchdog.cli.option_group import all_consumed, named_by_source
 from engine_watchdog.cli.options_acting import CAPTURE, GUARD, POLICY, PY_SPY_OPT, RECOVERY
 from engine_watchdog.cli.options_judging import DETECTOR, ENGINE, PROBE
-from engine_watchdog.cli.options_output import JSON, PROCESS, RECORD, REPORT
+from engine_watchdog.cli.options_output import JSON, PEERS, PROCESS, RECORD, REPORT
 from engine_watchdog.core.settings import (
     ProbeSettings,
     ProcessSettings,
@@ -32,6 +33,7 @@ __all__ = [
     "ENGINE",
     "GUARD",
     "JSON",
+    "PEERS",
     "POLICY",
     "PROBE",
     "PROCESS",
@@ -57,6 +59,7 @@ def watch_settings(kw: dict[str, Any], url: str = "") -> WatchSettings:
         recovery=RECOVERY.take(kw),
         report=REPORT.take(kw),
         guard=GUARD.take(kw),
+        peers=PEERS.take(kw),
     )
     for one, name in ((JSON, "as_json"), (RECORD, "record")):
         if one.opt.dest in kw:

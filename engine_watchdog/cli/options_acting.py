@@ -11,6 +11,7 @@ import click
 
 from engine_watchdog.cli.numbers import POSITIVE, SECONDS
 from engine_watchdog.cli.option_group import Opt, OptionGroup
+from engine_watchdog.cli.options_output import api_target
 from engine_watchdog.core.settings import (
     REQUEST_ACTIONS,
     CaptureSettings,
@@ -167,6 +168,21 @@ CAPTURE = OptionGroup(
         "engine_log",
         "The engine's log file (its tail goes into bundles).",
         click.Path(dir_okay=False, path_type=Path),
+    ),
+    Opt(
+        "--pod-log",
+        "pod_log",
+        "On Kubernetes: the engine container whose log bundles get through the API's pods/log "
+        "(the pod-log component grants it), when --engine-log names no file.",
+        str,
+        convert=lambda name: name or None,
+    ),
+    Opt(
+        "--pod-log-api",
+        "pod_log_api",
+        "Where --pod-log asks: 'in-cluster', or an API URL such as kubectl proxy's.",
+        str,
+        convert=lambda where: api_target(where) or "in-cluster",
     ),
     Opt("--tar", "tar", "Bundles as .tar.gz."),
     Opt(

@@ -1,5 +1,6 @@
 """The options of what the process says and where: the reporters (REPORT), its sockets and
-loop (PROCESS), the output format (--json) and the trace (--record)."""
+loop (PROCESS), the multi-node peer endpoint (PEERS), the output format (--json) and the trace
+(--record)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from pathlib import Path
 
 import click
 
+from engine_watchdog.cli.numbers import POSITIVE
 from engine_watchdog.cli.option_group import One, Opt, OptionGroup
 from engine_watchdog.core.settings import (
     EVENT_LOOPS,
+    PeerSettings,
     ProcessSettings,
     ReportSettings,
     normalise_url,
@@ -17,8 +20,9 @@ from engine_watchdog.core.settings import (
 from engine_watchdog.host import logs
 
 
-def _events_target(value: str) -> str | None:
-    """--k8s-events, --readiness-gate: 'in-cluster', a URL, or the ConfigMap's boolean 'true'."""
+def api_target(value: str) -> str | None:
+    """--k8s-events, --readiness-gate, --pod-log-api: 'in-cluster', a URL, or the ConfigMap's
+    boolean 'true'."""
     if not value or value.lower() in ("false", "0", "no"):
         return None
     if value.lower() in ("true", "1", "yes", "in-cluster"):
@@ -34,7 +38,7 @@ REPORT = OptionGroup(
         "Post Kubernetes Events on the pod for stalls and actions: 'in-cluster' "
         "(the events-rbac component), or an API URL such as kubectl proxy's.",
         str,
-        convert=_events_target,
+        convert=api_target,
     ),
     Opt(
         "--readiness-gate",
@@ -43,7 +47,7 @@ REPORT = OptionGroup(
         "otherwise) for its readinessGates: 'in-cluster' (the readiness-gate component), or an "
         "API URL. Off by default.",
         str,
-        convert=_events_target,
+        convert=api_target,
     ),
     Opt(
         "--alertmanager",
@@ -80,6 +84,44 @@ PROCESS = OptionGroup(
     ),
 )
 """The process's own options: its sockets and its loop, whatever the number of engines."""
+
+
+def _peer_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+PEERS = OptionGroup(
+    PeerSettings,
+    Opt(
+        "--peers",
+        "peers",
+        "Multi-node: every node's peer endpoint, HOST:PORT,HOST:PORT, the leader first (Ray, "
+        "bare metal) [default: from LeaderWorkerSet's LWS_* variables, else a single node].",
+        str,
+        convert=_peer_list,
+        default="",
+    ),
+    Opt(
+        "--peer-port",
+        "port",
+        "This node's peer endpoint port (on LeaderWorkerSet every node the same).",
+        int,
+    ),
+    Opt("--peer-bind", "bind", "The address the peer endpoint listens on.", str),
+    Opt(
+        "--peer-secret-file",
+        "secret_file",
+        "File holding the group's shared secret (a mounted Secret); else "
+        "ENGINE_WATCHDOG_PEER_SECRET. Never give the secret as an argument.",
+        click.Path(dir_okay=False, path_type=Path),
+    ),
+    Opt(
+        "--peer-deadline",
+        "deadline_s",
+        "The leader's one deadline for every node's capture answer.",
+        POSITIVE,
+    ),
+)
 
 
 def _json_logs(ctx: click.Context, param: click.Parameter, as_json: bool) -> bool:

@@ -165,6 +165,11 @@ class CaptureSettings:
     """The py-spy to run; None: py-spy on PATH, or beside this Python."""
     signatures: Path | None = None
     """Known-hang signature file to match bundles against; None: the one shipped."""
+    pod_log: str | None = None
+    """On Kubernetes: the engine container whose log bundles get through the pods/log API
+    (engine.log, the last log_tail_bytes), when no engine_log file is named; None: not read."""
+    pod_log_api: str = "in-cluster"
+    """Where pod_log asks: "in-cluster", or an API base URL (kubectl proxy's, a test's)."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +228,40 @@ class GuardSettings:
 
 
 @dataclass(frozen=True)
+class PeerSettings:
+    """Multi-node: this sidecar among the sidecars of one engine group (docs/multi-node.md).
+
+    The group comes from ``peers`` when given, else from LeaderWorkerSet's environment; neither:
+    a single node, and no peer endpoint runs."""
+
+    peers: tuple[str, ...] = ()
+    """Every node's peer endpoint as HOST:PORT, the leader first (Ray, bare metal)."""
+    port: int = 9401
+    """The peer endpoint's port on every node (next to the watchdog's own 9400; never the
+    engine's or the guard's port)."""
+    bind: str = "0.0.0.0"
+    """The address the peer endpoint listens on (the other nodes must reach it)."""
+    secret_file: Path | None = None
+    """File holding the group's shared secret (a mounted Kubernetes Secret); else the
+    ENGINE_WATCHDOG_PEER_SECRET variable. Required in a group."""
+    deadline_s: float = 15.0
+    """The leader's one deadline for every node's capture answer; within the capture step's
+    own bound (``step_timeout_s``, 20 s, less 1 s), which the bundle writer enforces."""
+
+
+def validate_peers(p: PeerSettings, taken: dict[int, str]) -> None:
+    """The peer port is free of the other ports this node serves (``taken``: port -> flag)."""
+    if not 0 < p.port < 65536:
+        raise SettingsError(f"--peer-port {p.port}: must be between 1 and 65535")
+    if p.port in taken:
+        raise SettingsError(
+            f"--peer-port {p.port} is the port of {taken[p.port]}: give the peer endpoint its own"
+        )
+    if p.deadline_s < 2.0:
+        raise SettingsError("--peer-deadline must be at least 2 seconds")
+
+
+@dataclass(frozen=True)
 class ProcessSettings:
     """What belongs to the process, not to each watched engine: its listening sockets and its
     event loop (one per process, whatever the number of targets)."""
@@ -262,6 +301,8 @@ class WatchSettings:
     """Where stalls and actions are announced beyond the watchdog's own metrics."""
     guard: GuardSettings = field(default_factory=GuardSettings)
     """The guard in front of the engine (off unless it has a listen address)."""
+    peers: PeerSettings = field(default_factory=PeerSettings)
+    """The other nodes of a multi-node engine group (none: a single node)."""
     as_json: bool = False
     """Print each transition as a JSON line instead of a readable line."""
     record: Path | None = None

@@ -14,9 +14,10 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine_watchdog.host.pdeathsig import wrap
 
@@ -87,11 +88,29 @@ async def run_bounded(argv: Sequence[str], timeout_s: float) -> Completed:
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
     )
+    talk = asyncio.ensure_future(proc.communicate())
+    rc = await wait_or_kill(proc, timeout_s, first=talk)
+    out, err = talk.result() if rc is not None else (b"", b"")
+    return Completed(rc, out, err, time.monotonic() - t0)
+
+
+async def wait_or_kill(
+    proc: asyncio.subprocess.Process, timeout_s: float, first: Awaitable[Any] | None = None
+) -> int | None:
+    """Wait for ``proc`` to exit (after ``first``, say its output read to the end) for at most
+    ``timeout_s``. Past it, or when cancelled, its process group is killed and reaped (the kill
+    bounded too) before this returns None or lets the cancellation through: every bounded
+    subprocess the watchdog starts (py-spy, an operator's command) ends this way."""
+
+    async def exited() -> int:
+        if first is not None:
+            await first
+        return await proc.wait()
+
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), max(timeout_s, 0.001))
-        return Completed(proc.returncode, out, err, time.monotonic() - t0)
+        return await asyncio.wait_for(exited(), max(timeout_s, 0.001))
     except asyncio.TimeoutError:
-        return Completed(None, b"", b"", time.monotonic() - t0)
+        return None
     finally:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):

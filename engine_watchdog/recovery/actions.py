@@ -90,6 +90,7 @@ class EngineActions:
         restarter: Restarter | None = None,
         on_bundle: Callable[[str, str, str], None] | None = None,
         hand_off: Callable[[Path], None] | None = None,
+        pod_log: Callable[[], Awaitable[bytes]] | None = None,
     ) -> None:
         self.engine = engine
         self.capture_settings = capture
@@ -99,6 +100,8 @@ class EngineActions:
         self.on_bundle = on_bundle
         self.hand_off = hand_off
         """Given each finished bundle's path (--bundle-command); returns at once."""
+        self.pod_log = pod_log
+        """Reads the engine container's log through the Kubernetes API (--pod-log)."""
         self.last_bundle: str | None = None
 
     async def capture(self, verdict: Verdict, destructive: bool) -> Outcome:
@@ -117,6 +120,7 @@ class EngineActions:
             destructive=destructive,
             tools=tools_with(capture.py_spy),
             engine_version=lambda: read_engine_version(self.engine.session, self.engine.connection),
+            pod_log=self.pod_log,
         )
         timeline = self.engine.recent_records()
         try:

@@ -10,16 +10,15 @@ action ``bundle-command`` with result ``ok``, ``failed`` or ``timeout``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine_watchdog.core.redact import redact_text
+from engine_watchdog.host.tools import wait_or_kill
 from engine_watchdog.recovery.history import ActionHistory, ActionRecord
 
 log = logging.getLogger("engine_watchdog.actions")
@@ -28,7 +27,6 @@ BUNDLE_ENV = "ENGINE_WATCHDOG_BUNDLE"
 """The bundle's path, in the command's environment too (its last argument is the same path)."""
 STDERR_TAIL_BYTES = 4096
 LINE_CHARS = 300
-KILL_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -63,19 +61,13 @@ async def run_bundle_command(
         )
     except OSError as exc:
         return HandOffResult("failed", None, time.monotonic() - started, f"cannot start: {exc}")
-    try:
-        err = await asyncio.wait_for(_stderr_tail(proc), timeout_s)
-        rc = await asyncio.wait_for(proc.wait(), max(timeout_s - (time.monotonic() - started), 0))
-    except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
-        _kill_group(proc.pid)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
-        if isinstance(exc, asyncio.CancelledError):
-            raise
+    err = asyncio.ensure_future(_stderr_tail(proc))
+    rc = await wait_or_kill(proc, timeout_s, first=err)
+    if rc is None:
         line = f"ran past {timeout_s:g} s; its process group was killed"
         return HandOffResult("timeout", proc.returncode, time.monotonic() - started, line)
     result = "ok" if rc == 0 else "failed"
-    return HandOffResult(result, rc, time.monotonic() - started, _last_line(err))
+    return HandOffResult(result, rc, time.monotonic() - started, _last_line(err.result()))
 
 
 async def _stderr_tail(proc: asyncio.subprocess.Process) -> bytes:
@@ -90,11 +82,6 @@ async def _stderr_tail(proc: asyncio.subprocess.Process) -> bytes:
 def _last_line(err: bytes) -> str:
     lines = err.decode(errors="replace").strip().splitlines()
     return redact_text(lines[-1].strip())[:LINE_CHARS] if lines else ""
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 class BundleHandOff:

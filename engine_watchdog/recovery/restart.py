@@ -8,7 +8,6 @@ operator gives a ``--restart-command``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -19,10 +18,9 @@ from pathlib import Path
 import psutil
 
 from engine_watchdog.core.model import Outcome, ProcInfo, Result
-from engine_watchdog.host.tools import make_private_dirs
+from engine_watchdog.host.tools import make_private_dirs, wait_or_kill
 
 log = logging.getLogger(__name__)
-KILL_WAIT_S = 10.0
 TAIL_BYTES = 4096
 TAIL_CHARS = 300
 RESTART_LOG = "restart-command.log"
@@ -125,13 +123,8 @@ async def run_restart_command(
     finally:
         if out != asyncio.subprocess.DEVNULL:
             os.close(out)  # the command has its own copy
-    try:
-        rc = await asyncio.wait_for(proc.wait(), timeout_s)
-    except asyncio.TimeoutError:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
+    rc = await wait_or_kill(proc, timeout_s)
+    if rc is None:
         return Outcome(Result.FAILED, f"--restart-command ran past {timeout_s:.0f} s; killed")
     if rc != 0:
         return Outcome(Result.FAILED, f"--restart-command exited {rc}: {_last_line(log_path)}")

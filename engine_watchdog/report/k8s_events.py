@@ -1,7 +1,7 @@
 """Kubernetes Events for incidents: a stall and each recovery action become an Event on the
 engine's pod (``kubectl describe pod`` and ``kubectl get events`` show them).
 
-The pod, the API server and the credentials as report/k8s_api.py finds them (the downward API's
+The pod, the API server and the credentials as net/k8s_api.py finds them (the downward API's
 POD_NAME, POD_NAMESPACE, POD_UID; deploy/kubernetes/components/events-rbac). One POST each.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from engine_watchdog.core.model import Outcome, State, Transition, Verdict
-from engine_watchdog.report.k8s_api import PodRef, call, pod_from_env
+from engine_watchdog.net.k8s_api import PodRef, call, pod_from_env
 
 __all__ = ["EventsReporter", "PodRef", "pod_from_env"]
 log = logging.getLogger(__name__)

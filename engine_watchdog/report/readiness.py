@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 import aiohttp
 
 from engine_watchdog.core.model import Cause, State, Transition, Verdict
-from engine_watchdog.report.k8s_api import ApiError, PodRef, call
+from engine_watchdog.net.k8s_api import ApiError, PodRef, call
 
 log = logging.getLogger(__name__)
 CONDITION = "engine-watchdog.io/progressing"

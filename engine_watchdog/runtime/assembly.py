@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from engine_watchdog.capture.retention import remove_abandoned
+from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.core.model import Action, Observation, Outcome
-from engine_watchdog.core.settings import SettingsError, WatchSettings, parse_listen
+from engine_watchdog.core.settings import (
+    SettingsError,
+    WatchSettings,
+    parse_listen,
+)
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.guard.stats import GuardCollector
 from engine_watchdog.net.connection import EngineConnection, connection_for
@@ -30,23 +33,25 @@ from engine_watchdog.recovery.handoff import BundleHandOff
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.orphans import end_orphan, pid_file
 from engine_watchdog.recovery.supervise import ChildEngine, EngineExited
-from engine_watchdog.report.alertmanager import AlertmanagerReporter
-from engine_watchdog.report.k8s_api import pod_for
-from engine_watchdog.report.k8s_events import EventsReporter
 from engine_watchdog.report.metrics import WatchdogMetrics
-from engine_watchdog.report.readiness import ReadinessGate
 from engine_watchdog.runtime.events import Channel, RequestsStuck
+from engine_watchdog.runtime.peering import Peering, target_peering
 from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.recording import TraceWriter
 from engine_watchdog.runtime.reporters import ConsoleReporter, MetricsReporter
+from engine_watchdog.runtime.services import (
+    Pusher,
+    Task,
+    pod_log,
+    readiness_gate,
+    service_pushers,
+)
 from engine_watchdog.runtime.supervisor import GuardOrders, Supervisor
 from engine_watchdog.runtime.watcher import Reporter, Watcher
 
 log = logging.getLogger(__name__)
 __all__ = ["ConsoleReporter", "MetricsReporter", "Target", "Task", "assemble"]
 HISTORY_FILE = "actions.jsonl"
-Task = Coroutine[Any, Any, None]
-Pusher = EventsReporter | AlertmanagerReporter
 
 
 @dataclass
@@ -63,10 +68,14 @@ class Target:
     writer: TraceWriter | None = None
     guard: Guard | None = None
     tasks: dict[str, Task] = field(default_factory=dict)
+    peering: Peering | None = None
+    """This node's peer endpoint in a multi-node group (runtime/peering.py)."""
 
     async def close(self) -> None:
         if self.guard is not None:
             await self.guard.stop()
+        if self.peering is not None:
+            await self.peering.server.stop()
         self.watcher.close()
         incident = self.supervisor.incident if self.supervisor else None
         if incident is not None and not incident.done():
@@ -117,62 +126,29 @@ async def assemble(
         MetricsReporter(metrics, watcher, bus.observed),
     ]
     tasks: dict[str, Task] = {}
-    pushers = _pushers(settings, session, tasks)
-    gate = _readiness_gate(settings, session, metrics, tasks)
+    peering = await target_peering(settings, session, watcher, guard_listen)
+    if peering is not None:
+        tasks[f"peers:{settings.url}"] = peering.serve()
+    pushers = service_pushers(settings, session, tasks)
+    gate = readiness_gate(settings, session, metrics, tasks)
     # One history for every restart, whoever asks for it (a stall, the child's exit).
     history = await _history(settings, metrics)
     child = None
     if command:
         child = await _start_child(settings, command, bus.exits.publish, echo_engine)
         tasks[f"engine-exits:{settings.url}"] = child.watch_exits()
-    supervisor = _supervisor(settings, watcher, metrics, history, child, guard, bus, pushers)
+    fan_out = peering.capture_steps() if peering is not None else []
+    supervisor = _supervisor(
+        settings, watcher, metrics, history, child, guard, bus, pushers, fan_out
+    )
     if supervisor:
         reporters.append(supervisor)
     reporters += pushers
     if gate is not None:
         reporters.append(gate)
-    return Target(settings, connection, watcher, reporters, supervisor, child, writer, guard, tasks)
-
-
-def _pushers(
-    settings: WatchSettings, session: aiohttp.ClientSession, tasks: dict[str, Task]
-) -> list[Pusher]:
-    """The reporters that push to a service (K8s Events, Alertmanager), each a long task."""
-    pushers: list[Pusher] = []
-    if settings.report.k8s_events:
-        where = settings.report.k8s_events
-        pod = pod_for(where, "--k8s-events", "events-rbac")
-        pushers.append(EventsReporter(session, pod))
-        tasks[f"k8s-events:{settings.url}"] = pushers[-1].run()
-    if settings.report.alertmanager:
-        pushers.append(
-            AlertmanagerReporter(session, settings.report.alertmanager, extra_labels=_pod_labels())
-        )
-        tasks[f"alertmanager:{settings.url}"] = pushers[-1].run()
-    return pushers
-
-
-def _readiness_gate(
-    settings: WatchSettings,
-    session: aiohttp.ClientSession,
-    metrics: WatchdogMetrics,
-    tasks: dict[str, Task],
-) -> ReadinessGate | None:
-    """--readiness-gate: the pod's condition from the verdicts, PATCHed by a task of its own."""
-    where = settings.report.readiness_gate
-    if not where:
-        return None
-    pod = pod_for(where, "--readiness-gate", "readiness-gate")
-    target = settings.url
-    metrics.start_readiness(target)
-    gate = ReadinessGate(
-        session,
-        pod,
-        on_flip=lambda status: metrics.readiness_flips.labels(target, status).inc(),
-        on_error=metrics.readiness_errors.labels(target).inc,
+    return Target(
+        settings, connection, watcher, reporters, supervisor, child, writer, guard, tasks, peering
     )
-    tasks[f"readiness-gate:{target}"] = gate.run()
-    return gate
 
 
 async def _guard(
@@ -259,6 +235,7 @@ def _supervisor(
     guard: Guard | None,
     bus: Channels,
     pushers: list[Pusher],
+    fan_out: list[CaptureStep],
 ) -> Supervisor | None:
     """The one decider; in run mode always (the child's exits are its to decide)."""
     if not settings.policy.actions and guard is None and child is None:
@@ -270,10 +247,15 @@ def _supervisor(
         watcher,
         capture,
         settings.recovery,
-        steps=lambda destructive: capture_steps(destructive, watcher.gpu),
+        # The fan-out on the capture rung only: a destructive capture is part of a restart.
+        steps=lambda destructive: [
+            *capture_steps(destructive, watcher.gpu),
+            *([] if destructive else fan_out),
+        ],
         restarter=child.restart if child else None,
         on_bundle=metrics.count_incident,
         hand_off=_hand_off(settings, history),
+        pod_log=pod_log(capture, watcher.session),
     )
 
     def count(target: str, action: Action, phase: str, outcome: Outcome | None) -> None:
@@ -301,9 +283,3 @@ def _hand_off(settings: WatchSettings, history: ActionHistory) -> BundleHandOff 
     if not r.bundle_command:
         return None
     return BundleHandOff(r.bundle_command, r.bundle_command_timeout_s, history, settings.url)
-
-
-def _pod_labels() -> dict[str, str]:
-    """Where the watchdog runs in Kubernetes (the downward API sets these), for alert labels."""
-    names = {"POD_NAME": "pod", "POD_NAMESPACE": "namespace"}
-    return {label: os.environ[env] for env, label in names.items() if os.environ.get(env)}

@@ -75,6 +75,9 @@ class Expect:
     alertmanager: str = ""
     workloads: int = 1  # watched workloads in the rendering
     own_liveness_ok: bool = False  # the engine has a liveness probe of its own chart
+    peer_port: int = 0  # a LeaderWorkerSet pod's sidecar: its `peer` port (tests/deploy/lws.py)
+    metrics: bool = True  # the sidecar's `watchdog` port (not a worker's `peer` command)
+    engine_probe: bool = True  # the engine has a startupProbe (not a headless worker's)
 
 
 @dataclass(frozen=True)

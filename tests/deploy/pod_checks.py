@@ -129,9 +129,14 @@ def check_sidecar_shape(r: Rendering) -> None:
         assert sidecar["resources"]["requests"] and sidecar["resources"]["limits"]["memory"]
         assert "readinessProbe" not in sidecar and "livenessProbe" not in sidecar, where
         ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
-        assert ports == {"watchdog": 9400, **({"guard": 8001} if r.expect.guard else {})}, where
+        expected = {
+            **({"watchdog": 9400} if r.expect.metrics else {}),
+            **({"guard": 8001} if r.expect.guard else {}),
+            **({"peer": r.expect.peer_port} if r.expect.peer_port else {}),
+        }
+        assert ports == expected, where
         assert w["spec"]["template"]["metadata"]["labels"]["engine-watchdog"] == "enabled"
-        assert "startupProbe" in engine, where
+        assert ("startupProbe" in engine) == r.expect.engine_probe, where
 
 
 def check_dumps_and_incidents(r: Rendering) -> None:

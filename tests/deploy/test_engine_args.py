@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.deploy import lws as L
 from tests.deploy import manifests as m
 from tests.deploy.pod_checks import ENGINE, container, workloads
 from tests.tools.vllm_env import VllmEnvError, ensure_vllm_env
@@ -85,6 +86,24 @@ def problems(argvs: dict[str, list[str]], results: dict[str, dict[str, Any]]) ->
     return found
 
 
+def lws_argvs() -> dict[str, list[str]]:
+    """Each LeaderWorkerSet engine's command line as its pod's kubelet hands it to vLLM: LWS's
+    env (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX) expanded into $(VAR)."""
+    found = {}
+    for case in L.LWS_CASES:
+        (lws,) = L.lws_objects(list(L.rendered(case)))
+        for index, role in enumerate(("leader", "worker")):
+            template = lws["spec"]["leaderWorkerTemplate"][f"{role}Template"]
+            engine = next(c for c in template["spec"]["containers"] if c["name"] == ENGINE)
+            env = L.lws_env(lws, index)
+            found[f"{case}/{role}"] = [L.expand(a, env) for a in vllm_argv(engine)]
+    return found
+
+
+# Unexpanded, the worker's rank is no number: the parser refuses it (the expansion matters).
+UNEXPANDED = {"lws-unexpanded-worker": ["--model=m", "--node-rank=$(LWS_WORKER_INDEX)"]}
+
+
 def _stack_renderings(tmp: Path) -> tuple[m.Rendering, ...]:
     try:
         return m.post_renderings(m.production_stack_chart(tmp))
@@ -92,19 +111,20 @@ def _stack_renderings(tmp: Path) -> tuple[m.Rendering, ...]:
         return ()  # its test skips, saying why; the other command lines are still parsed
 
 
+Parsed = tuple[dict[str, list[str]], dict[str, list[str]], dict[str, dict[str, Any]]]
+
+
 @pytest.fixture(scope="module")
-def parsed(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, dict[str, Any]]]:
+def parsed(tmp_path_factory: pytest.TempPathFactory) -> Parsed:
     """One run of vLLM's parser for every command line (importing vLLM takes ~20 s here)."""
     ours = dict(engine_argvs((*m.kustomize_renderings(), *m.helm_renderings())))
     stack = dict(engine_argvs(_stack_renderings(tmp_path_factory.mktemp("stack"))))
-    return ours, stack, parse({**ours, **stack, **REFUSED})
+    multi = lws_argvs()  # rendered here; only their CRD comes from the lws mirror
+    stack_and_multi = {**stack, **{f"lws:{k}": v for k, v in multi.items()}}
+    return ours, stack_and_multi, parse({**ours, **stack_and_multi, **REFUSED, **UNEXPANDED})
 
 
-def test_vllm_parses_every_rendered_engine_command_line(
-    parsed: tuple[dict[str, list[str]], dict[str, list[str]], dict[str, dict[str, Any]]],
-) -> None:
+def test_vllm_parses_every_rendered_engine_command_line(parsed: Parsed) -> None:
     """Kustomize overlays and Helm values sets; plus two lines the parser must refuse, in the
     same run (the check has teeth)."""
     ours, _, results = parsed
@@ -117,10 +137,10 @@ def test_vllm_parses_every_rendered_engine_command_line(
 
 
 def test_vllm_parses_production_stack_engines_after_the_post_renderer(
-    parsed: tuple[dict[str, list[str]], dict[str, list[str]], dict[str, dict[str, Any]]],
-    tmp_path: Path,
+    parsed: Parsed, tmp_path: Path
 ) -> None:
-    _, stack, results = parsed
+    _, both, results = parsed
+    stack = {k: v for k, v in both.items() if not k.startswith("lws:")}
     if not stack:
         m.production_stack_chart(tmp_path)  # skips, saying why
     expected = sum(exp.workloads for _, _, exp in m.POST_RENDER_VALUES.values())
@@ -131,3 +151,15 @@ def test_vllm_parses_production_stack_engines_after_the_post_renderer(
         "facebook/opt-125m",
         "meta-llama/Llama-3.2-1B-Instruct",
     }
+
+
+def test_vllm_parses_the_leaderworkerset_engines(parsed: Parsed) -> None:
+    """The leader (--nnodes, --node-rank 0, --master-addr) and the --headless worker of the chart
+    and the overlay, with LWS's env expanded as the kubelet does; unexpanded, refused."""
+    _, both, results = parsed
+    multi = {k: v for k, v in both.items() if k.startswith("lws:")}
+    assert len(multi) == 2 * len(L.LWS_CASES)
+    assert problems(multi, results) == {}
+    workers = [v for k, v in multi.items() if k.endswith("/worker")]
+    assert all("--node-rank=1" in v and "--headless" in v for v in workers), workers
+    assert "invalid int value" in problems(UNEXPANDED, results)["lws-unexpanded-worker"]

@@ -124,6 +124,39 @@ def test_the_incidents_pvc_component_puts_the_incident_dir_on_a_claim(tmp_path: 
         check(Rendering("persistent", "kustomize", objs, Expect(api_key=True)))
 
 
+def test_the_pod_log_component_grants_get_on_pods_log_only(tmp_path: Path) -> None:
+    """The engine container's log in bundles: the sidecar is told which container (the name
+    the engine container really has), and its ServiceAccount may get pods/log and nothing
+    more; every pod promise of the default variant still holds."""
+    from tests.deploy.pod_checks import SIDECAR, configmap
+
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES_DIR, tree)
+    overlay = tree / "overlays" / "with-log"
+    overlay.mkdir()
+    components = ["watchdog-sidecar", "ptrace", "service-account", "readiness-gate", "pod-log"]
+    doc = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["../../base"],
+        "components": [f"../../components/{c}" for c in components],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    objs = render_kustomize(overlay)
+    (dep,) = workloads(objs)
+    names = {c["name"] for c in dep["spec"]["template"]["spec"]["containers"]}
+    assert configmap(objs, dep)["ENGINE_WATCHDOG_POD_LOG"] in names - {SIDECAR}
+    (role,) = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("pod-log")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
+    (binding,) = [
+        o for o in objs if o["kind"] == "RoleBinding" and "pod-log" in o["metadata"]["name"]
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert [s["name"] for s in binding["subjects"]] == ["engine-watchdog"]
+    for check in ALL_CHECKS:
+        check(Rendering("with-log", "kustomize", objs, Expect(api_key=True)))
+
+
 DEFAULTS_SENTENCE = "The default on Kubernetes: answer + capture + readiness, restarts opt-in"
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import psutil
 
-from engine_watchdog.sim.loadgen import StreamingLoad
 from engine_watchdog.sim.server import VERSION
 from tests.integration.conftest import SimFactory, SimHttp
 from tests.tools.cli import run_cli
+from tests.tools.scenarios import frozen_under_load
 from tests.waiting import eventually
 
 
@@ -38,15 +38,10 @@ async def stall_with(
         sim.url, "--stall-seconds", "8", "--action", "capture",
         "--incident-dir", str(incidents), *args,
     )  # fmt: skip
-    async with StreamingLoad(sim.url, clients=3, max_tokens=200, model="sim-model") as load:
-        await watch.next_state("progressing", timeout=20)
-        await sim_http.set_fault(sim, "freeze-last")
-        load.stop_new()
-        await watch.next_state("stalled", timeout=40)
+    async with frozen_under_load(sim, sim_http, watch):
         found: list[dict[str, Any]] = await eventually(
             lambda: records(incidents), 90, 0.2, what="its record"
         )
-        await sim_http.set_fault(sim, "none")
     assert watch.proc.returncode is None  # the command never ended or blocked the watchdog
     return found
 

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.integration.conftest import SimFactory, SimHttp
 from tests.tools.cli import run_cli
+from tests.tools.scenarios import frozen_under_load
 from tests.tools.watch import get, metric
 
 SIM_HANG = {
@@ -64,18 +64,13 @@ async def test_a_stall_bundle_names_the_known_hang_it_resembles(
         sim.url, "--stall-seconds", "8", "--action", "capture", "--signatures", str(sigs),
         "--incident-dir", str(incidents),
     )  # fmt: skip
-    async with StreamingLoad(sim.url, clients=3, max_tokens=200, model="sim-model") as load:
-        await watch.next_state("progressing", timeout=20)
-        await sim_http.set_fault(sim, "freeze-last")
-        load.stop_new()
-        await watch.next_state("stalled", timeout=40)
+    async with frozen_under_load(sim, sim_http, watch):
         for _ in range(100):  # the capture runs in the background
             bundles = [p for p in incidents.glob("2*") if p.is_dir()]
             if bundles and (bundles[0] / "manifest.json").exists():
                 break
             await asyncio.sleep(0.2)
         _, text = await get(watch.base + "/metrics")
-        await sim_http.set_fault(sim, "none")
     manifest = json.loads((bundles[0] / "manifest.json").read_text())
     assert [m["id"] for m in manifest["known_hangs"]] == ["sim-freeze-forever"]
     summary = (bundles[0] / "summary.md").read_text()

@@ -15,7 +15,7 @@ from typing import Any
 from engine_watchdog.sim.launcher import SimProcess
 from tests.integration.conftest import SimFactory, SimHttp
 from tests.tools.cli import run_cli
-from tests.tools.fake_k8s_api import FakeApi
+from tests.tools.fake_k8s_api import FakeApi, pod_env
 from tests.tools.stub_engine import self_signed, server_tls
 from tests.tools.watch import WatchProcess, get, metric, start_watch, stop_watch
 from tests.waiting import eventually
@@ -23,22 +23,8 @@ from tests.waiting import eventually
 TOKEN = "sa-token-5f3c9e1d7b2a4e6f"
 
 
-def pod_env(tmp: Path, api: FakeApi, cert: Path) -> dict[str, str]:
-    """The env the sidecar has in its pod (in-cluster: no API URL given)."""
-    sa = tmp / "serviceaccount"
-    sa.mkdir()
-    (sa / "token").write_text(TOKEN + "\n")
-    (sa / "ca.crt").write_bytes(cert.read_bytes())
-    return {
-        **os.environ,
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-        "KUBERNETES_SERVICE_PORT": str(api.port),
-        "ENGINE_WATCHDOG_SERVICEACCOUNT_DIR": str(sa),
-        "POD_NAME": "vllm-0",
-        "POD_NAMESPACE": "llm",
-        "POD_UID": "u-1",
-        "ENGINE_WATCHDOG_READINESS_GATE": "in-cluster",  # as the chart's ConfigMap sets it
-    }
+def gate_env(tmp: Path, api: FakeApi, cert: Path) -> dict[str, str]:
+    return pod_env(tmp, api, cert, TOKEN, ENGINE_WATCHDOG_READINESS_GATE="in-cluster")
 
 
 async def _watch(sim: SimProcess, env: dict[str, str], stderr: Path) -> WatchProcess:
@@ -56,7 +42,7 @@ async def test_the_condition_goes_false_on_a_stall_and_true_after_recovery(
     await api.start(server_tls(cert, key))
     sim = await sim_factory("--tokens-per-second", "30")
     stderr = tmp_path / "watch.err"
-    watch = await _watch(sim, pod_env(tmp_path, api, cert), stderr)
+    watch = await _watch(sim, gate_env(tmp_path, api, cert), stderr)
     try:
         await eventually(lambda: api.statuses() == ["True"], timeout=30, what="True at start")
         await sim_http.set_fault(sim, "deadlock")  # fires on the idle canary's step
@@ -92,7 +78,7 @@ async def test_a_refused_patch_is_counted_and_sent_again_with_the_rotated_token(
     api = FakeApi("llm", "vllm-0", "the-rotated-token")
     await api.start(server_tls(cert, key))
     sim = await sim_factory("--tokens-per-second", "30")
-    env = pod_env(tmp_path, api, cert)
+    env = gate_env(tmp_path, api, cert)
     stderr = tmp_path / "watch.err"
     watch = await _watch(sim, env, stderr)
     try:
@@ -175,7 +161,7 @@ async def test_one_patch_per_change_and_the_transition_time_kept_within_a_status
     import aiohttp
 
     from engine_watchdog.core.model import State, Verdict
-    from engine_watchdog.report.k8s_api import PodRef
+    from engine_watchdog.net.k8s_api import PodRef
     from engine_watchdog.report.readiness import ReadinessGate
 
     api = FakeApi("llm", "vllm-0", TOKEN)

@@ -2,7 +2,8 @@
 
 Importable (``ensure_vllm_env()``) and runnable ahead of the tests::
 
-    python tests/tools/vllm_env.py
+    python tests/tools/vllm_env.py          # the newest build and the model
+    python tests/tools/vllm_env.py --all    # every build the tests run (make test, beside lint)
 
 Both steps are idempotent, guarded by a file lock (two pytest processes may call this at once)
 and finished by a stamp file, so a second call costs a stat. Every subprocess is bounded in time.
@@ -332,9 +333,15 @@ def _say(message: str) -> None:
 
 def main() -> int:
     args = sys.argv[1:]
+    # SIGTERM (make's trap when lint fails) becomes SystemExit, so run_bounded kills its group.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         if args[:1] == ["--venv-only"]:  # prebuild_in_background: the venv, not the model
             print(f"venv:  {_ensure_venv(args[1])}")
+            return 0
+        if args[:1] == ["--all"]:  # make test, beside lint: every build the e2e tests run
+            for version in (NEWEST, OLDEST):
+                print(f"venv:  {ensure_vllm_env(version).venv}")
             return 0
         env = ensure_vllm_env(args[0] if args else NEWEST)
     except VllmEnvError as exc:

@@ -53,6 +53,9 @@ incidents.persistentVolumeClaim, or none (an emptyDir). */}}
 {{- fail "engine.terminationGracePeriodSeconds must be >= guard.drainSeconds + 10, or the pod is killed mid-drain" -}}
 {{- end -}}
 {{- end -}}
+{{- if .Values.lws.enabled -}}
+{{- include "engine-watchdog.validateLWS" . -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The ConfigMap's data: every `watch` flag as ENGINE_WATCHDOG_<FLAG>. */}}
@@ -117,17 +120,36 @@ failureThreshold: {{ .Values.liveness.failureThreshold }}
 {{- end -}}
 
 {{/* The sidecar container. Argument: (dict "root" $ "apiKeyEnv" <valueFrom or nil>
-"runAs" <runAsUser/runAsGroup or nil>). */}}
+"runAs" <runAsUser/runAsGroup or nil> "role" <"" | "leader" | "worker">). On a LeaderWorkerSet
+(a role) every sidecar runs the peer endpoint on lws.peer.port and finds the group's others
+from the env LWS sets (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX; no --peers list).
+The leader's is `watch`; a worker's is `peer` alone: its engine is --headless (no API to watch),
+so it has no ConfigMap, no metrics port and no /livez, and answers the leader's orders. */}}
 {{- define "engine-watchdog.container" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
 name: engine-watchdog
 image: {{ printf "%s:%s" $v.image.repository $v.image.tag | quote }}
 imagePullPolicy: {{ $v.image.pullPolicy }}
+{{- if eq .role "worker" }}
+args:
+  - peer # this node's ranks for the leader's captures
+  - {{ printf "--engine=%s" (index $v.config "engine" | default "vllm") }}
+  - {{ printf "--peer-port=%d" (int $v.lws.peer.port) }}
+  - --peer-secret-file=/var/run/engine-watchdog/peer/secret
+{{- else }}
+{{- if .role }}
+args:
+  - watch # the engine URL and every other setting come from the ConfigMap
+  - {{ printf "--peer-port=%d" (int $v.lws.peer.port) }}
+  - --peer-secret-file=/var/run/engine-watchdog/peer/secret
+{{- else }}
 args: ["watch"] # the engine URL and every setting come from the ConfigMap
+{{- end }}
 envFrom:
   - configMapRef:
       name: {{ include "engine-watchdog.fullname" $root }}
+{{- end }}
 env:
   # NVML without a GPU of its own (docs/kubernetes.md#gpu-access); no nvidia.com/gpu request.
   - name: NVIDIA_VISIBLE_DEVICES
@@ -147,11 +169,17 @@ env:
     valueFrom: {fieldRef: {fieldPath: metadata.uid}}
   {{- end }}
 ports:
+  {{- if ne .role "worker" }}
   - name: watchdog
     containerPort: 9400
+  {{- end }}
   {{- if $v.guard.enabled }}
   - name: guard
     containerPort: {{ $v.guard.port }}
+  {{- end }}
+  {{- if .role }}
+  - name: peer # every node's peer endpoint: the leader's sidecar orders, the workers' answer
+    containerPort: {{ $v.lws.peer.port }}
   {{- end }}
 # No readiness or liveness probe: a readiness probe would take the ENGINE out of its Service
 # whenever the watchdog hiccups; the watchdog exits non-zero when a loop dies.
@@ -170,8 +198,10 @@ resources: {{- toYaml $v.resources | nindent 2 }}
 volumeMounts:
   - name: engine-watchdog-dumps
     mountPath: /var/run/engine-watchdog/dumps
+  {{- if ne .role "worker" }}{{/* a worker's evidence goes into the leader's bundle */}}
   - name: engine-watchdog-incidents
     mountPath: {{ index $v.config "incident-dir" | default "/var/lib/engine-watchdog/incidents" }}
+  {{- end }}
   - name: engine-watchdog-tmp
     mountPath: /tmp
   {{- if or $v.events.enabled $v.readinessGate.enabled }}
@@ -179,12 +209,21 @@ volumeMounts:
     mountPath: /var/run/secrets/kubernetes.io/serviceaccount
     readOnly: true
   {{- end }}
+  {{- if .role }}
+  - name: engine-watchdog-peer
+    mountPath: /var/run/engine-watchdog/peer
+    readOnly: true
+  {{- end }}
 {{- end -}}
 
+{{/* The sidecar's volumes. Argument: (dict "root" $ "role" <"" | "leader" | "worker">). */}}
 {{- define "engine-watchdog.volumes" -}}
+{{- $role := .role -}}
+{{- with .root -}}
 - name: engine-watchdog-dumps
   emptyDir:
     sizeLimit: {{ .Values.dumps.sizeLimit }}
+{{- if ne $role "worker" }}
 - name: engine-watchdog-incidents
   {{- with include "engine-watchdog.incidentsClaim" . }}
   persistentVolumeClaim:
@@ -193,6 +232,7 @@ volumeMounts:
   emptyDir:
     sizeLimit: {{ .Values.incidents.sizeLimit }}
   {{- end }}
+{{- end }}
 - name: engine-watchdog-tmp
   emptyDir:
     sizeLimit: 1Gi
@@ -213,5 +253,15 @@ volumeMounts:
             - path: namespace
               fieldRef:
                 fieldPath: metadata.namespace
+{{- end }}
+{{- if $role }}
+- name: engine-watchdog-peer # the sidecar's alone: the engine does not mount it
+  secret:
+    secretName: {{ include "engine-watchdog.peerSecretName" . }}
+    defaultMode: 0440 # the engine's UID reads it: root, or the pod's fsGroup
+    items:
+      - key: {{ .Values.lws.peer.key }}
+        path: secret
+{{- end }}
 {{- end }}
 {{- end -}}

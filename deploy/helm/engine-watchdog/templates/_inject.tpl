@@ -2,7 +2,8 @@
 place. The same code serves the chart's own Deployment and, as a post-renderer, another
 chart's workloads, so both get exactly the same pod.
 Argument: (dict "root" $ "obj" <workload> "state" <dict that collects serviceAccounts and
-guardSelectors for the RBAC and guard objects>). */}}
+guardSelectors for the RBAC and guard objects> ["role" "leader"|"worker": a LeaderWorkerSet's
+template, engine-watchdog.injectLeaderWorkerSet]). */}}
 {{- define "engine-watchdog.inject" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
@@ -32,11 +33,14 @@ agree between containers (the CUDA dump pipe names carry them). */ -}}
 {{- if $v.liveness.enabled -}}
 {{- $_ := set $engine "livenessProbe" (include "engine-watchdog.livenessProbe" $root | fromYaml) -}}
 {{- end -}}
-{{- $keyRef := include "engine-watchdog.apiKeyRef" (dict "root" $root "engine" $engine) | fromYaml -}}
+{{- $keyRef := dict -}}
+{{- if ne .role "worker" -}}{{/* a headless worker has no API: no key for either container */}}
+{{- $keyRef = include "engine-watchdog.apiKeyRef" (dict "root" $root "engine" $engine) | fromYaml -}}
+{{- end -}}
 {{- $runAs := include "engine-watchdog.sameUser" (dict "root" $root "pod" $pod "engine" $engine) | fromYaml -}}
-{{- $sidecar := include "engine-watchdog.container" (dict "root" $root "apiKeyEnv" $keyRef "runAs" $runAs) | fromYaml -}}
+{{- $sidecar := include "engine-watchdog.container" (dict "root" $root "apiKeyEnv" $keyRef "runAs" $runAs "role" (.role | default "")) | fromYaml -}}
 {{- $_ := set $pod "containers" (append $pod.containers $sidecar) -}}
-{{- $_ := set $pod "volumes" (concat ($pod.volumes | default list) (include "engine-watchdog.volumes" $root | fromYamlArray)) -}}
+{{- $_ := set $pod "volumes" (concat ($pod.volumes | default list) (include "engine-watchdog.volumes" (dict "root" $root "role" (.role | default "")) | fromYamlArray)) -}}
 {{- if $v.readinessGate.enabled -}}
 {{- /* Ready only while the watchdog's condition is True (it sets it: docs/kubernetes.md). */ -}}
 {{- $gate := dict "conditionType" "engine-watchdog.io/progressing" -}}

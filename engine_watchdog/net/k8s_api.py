@@ -1,6 +1,6 @@
 """The one way the watchdog talks to the Kubernetes API server: its own pod (downward API), the
 service account's token and CA, one bounded request. No client library: a POST for Events, a
-PATCH of the pod's status for the readiness gate.
+PATCH of the pod's status for the readiness gate, a bounded GET of a container's log.
 
 In-cluster, the API server comes from KUBERNETES_SERVICE_HOST/PORT and the credentials from the
 projected service-account volume (ENGINE_WATCHDOG_SERVICEACCOUNT_DIR moves it: a volume of one's
@@ -24,6 +24,10 @@ from engine_watchdog.net.http import error_text
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 SA_DIR_ENV = "ENGINE_WATCHDOG_SERVICEACCOUNT_DIR"
+TYPICAL_LINE_BYTES = 120
+MIN_TAIL_LINES = 100
+LOG_READ_FACTOR = 4
+"""A container log is read to at most this many times the bundle's log limit."""
 
 
 class ApiError(RuntimeError):
@@ -99,6 +103,36 @@ async def call(
     ) as r:
         if r.status // 100 != 2:
             raise ApiError(f"HTTP {r.status}: {await error_text(r)}")
+
+
+async def read_log(
+    session: aiohttp.ClientSession,
+    pod: PodRef,
+    container: str,
+    limit_bytes: int,
+    timeout_s: float = 10.0,
+) -> bytes:
+    """The last ``limit_bytes`` at most of a container's log in this pod. The API's limitBytes
+    counts from the start of what it sends, so it is asked for the last lines (tailLines, about
+    ``limit_bytes`` of them at typical lengths), capped at a few times the limit, and the end of
+    that is kept. Raises ApiError on a non-2xx answer (403: no get on pods/log in the Role)."""
+    cap = LOG_READ_FACTOR * limit_bytes
+    tail_lines = max(MIN_TAIL_LINES, limit_bytes // TYPICAL_LINE_BYTES)
+    query = {"container": container, "tailLines": str(tail_lines), "limitBytes": str(cap)}
+    url = f"{pod.api}/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/log"
+    ctx: ssl.SSLContext | bool = _tls(pod.ca_file) if url.startswith("https") else True
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with session.get(
+        url, params=query, headers=await _auth(pod), ssl=ctx, timeout=timeout
+    ) as r:
+        if r.status // 100 != 2:
+            raise ApiError(f"HTTP {r.status}: {await error_text(r)}")
+        body = bytearray()
+        async for chunk in r.content.iter_chunked(1 << 16):
+            body += chunk[: cap - len(body)]
+            if len(body) >= cap:
+                break
+    return bytes(body[-limit_bytes:])
 
 
 async def _auth(pod: PodRef) -> dict[str, str]:

@@ -1,0 +1,80 @@
+"""A node's capture answer as JSON, and back: what travels between sidecars.
+
+Reading is strict: a peer's answer is untrusted input, so anything that is not the expected
+shape is refused with one line (:class:`AnswerError`) rather than half-read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine_watchdog.core.ranks import NodeReport, RankSample, RankState
+from engine_watchdog.peers.node import NodeCapture
+
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+"""Two text dumps of a few hundred threads per rank, eight ranks: well under this."""
+
+
+class AnswerError(ValueError):
+    """A peer's answer is not a node capture (one line, what is wrong)."""
+
+
+def capture_json(cap: NodeCapture) -> dict[str, Any]:
+    r = cap.report
+    return {
+        "node": r.node,
+        "ranks": [
+            {
+                "rank": s.rank,
+                "pid": s.pid,
+                "state": s.state.value,
+                "stacks": [list(stack) for stack in s.stacks],
+                "gpu": s.gpu,
+                "gpu_util": s.gpu_util,
+            }
+            for s in r.ranks
+        ],
+        "stacks": cap.stacks,
+        "nvml": cap.nvml,
+        "notes": list(cap.notes),
+    }
+
+
+def _sample(node: str, d: Any) -> RankSample:
+    if not isinstance(d, dict):
+        raise AnswerError("a rank is not an object")
+    try:
+        stacks = tuple(tuple(str(f) for f in st) for st in d.get("stacks") or [])
+        gpu, util = d.get("gpu"), d.get("gpu_util")
+        return RankSample(
+            node,
+            int(d["rank"]),
+            int(d["pid"]),
+            RankState(d["state"]),
+            stacks,
+            int(gpu) if gpu is not None else None,
+            float(util) if util is not None else None,
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise AnswerError(f"a rank is malformed ({type(e).__name__}: {e})") from None
+
+
+def read_capture(body: bytes) -> NodeCapture:
+    """Parse a peer's POST /v1/capture answer."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise AnswerError("the answer is not JSON") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("node"), str):
+        raise AnswerError("the answer is not a node capture (no node name)")
+    node = doc["node"]
+    ranks = doc.get("ranks")
+    stacks = doc.get("stacks") or {}
+    if not isinstance(ranks, list) or not isinstance(stacks, dict):
+        raise AnswerError("the answer's ranks or stacks are malformed")
+    samples = tuple(_sample(node, d) for d in ranks)
+    texts = {str(k): str(v) for k, v in stacks.items()}
+    nvml = doc.get("nvml") if isinstance(doc.get("nvml"), dict) else None
+    notes = tuple(str(n) for n in doc.get("notes") or [])
+    return NodeCapture(NodeReport(node, True, samples), texts, nvml, notes)

@@ -1,0 +1,170 @@
+"""Multi-node, assembled: this node's peer endpoint, and on the leader the fan-out step.
+
+Every node of a group runs the peer endpoint (peers/server.py); the leader's capture rung also
+runs the fan-out (peers/fanout.py) as one more capture step, so every node's evidence lands in
+the leader's one bundle. The supervisor alone decides when: the step runs only when it orders a
+capture. ``engine-watchdog peer`` (a worker node without an engine API to watch: vLLM's
+``--headless`` ranks, Ray workers) runs the endpoint alone (:func:`run_peer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from engine_watchdog.capture.step import CaptureStep
+from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.core.settings import (
+    PeerSettings,
+    Secret,
+    SettingsError,
+    WatchSettings,
+    parse_listen,
+    validate_peers,
+)
+from engine_watchdog.engines.profile import EngineProfile
+from engine_watchdog.host.tools import tools_with
+from engine_watchdog.peers.auth import SECRET_VAR, load_secret
+from engine_watchdog.peers.discovery import GroupView, group_view
+from engine_watchdog.peers.fanout import peers_step
+from engine_watchdog.peers.node import FindProcs, LocalNode
+from engine_watchdog.peers.server import PeerServer, RestartHook, make_peer_app
+from engine_watchdog.probes.gpu import GpuProbe, load_nvml
+from engine_watchdog.probes.procs import sample_procs_async, url_port
+from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
+from engine_watchdog.runtime.watcher import Watcher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Peering:
+    """This node in its group: the endpoint (listening), and what the leader fans out with."""
+
+    view: GroupView
+    secret: Secret
+    local: LocalNode
+    server: PeerServer
+    session: aiohttp.ClientSession
+    deadline_s: float
+
+    def capture_steps(self) -> list[CaptureStep]:
+        """The leader's fan-out step; none on a worker (it answers, it does not order)."""
+        if self.view.role != "leader":
+            return []
+        return [peers_step(self.view, self.local, self.session, self.secret, self.deadline_s)]
+
+    async def serve(self) -> None:
+        """A named task: the endpoint listens until the task is cancelled."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.server.stop()
+
+
+def own_names(bind: str) -> set[str]:
+    """What this node may be called in --peers: its host names and their addresses."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    if bind not in ("", "0.0.0.0", "::"):
+        names.add(bind)
+    for name in list(names):
+        try:
+            names |= {str(a[4][0]) for a in socket.getaddrinfo(name, None)}
+        except OSError:
+            continue
+    return names
+
+
+async def start_peering(
+    peers: PeerSettings,
+    session: aiohttp.ClientSession,
+    local_of: FindProcs,
+    py_spy: str | None,
+    gpu: GpuProbe | None,
+    *,
+    ports: Mapping[int, str] | None = None,
+    restart: RestartHook | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> Peering | None:
+    """This node's peering, its endpoint listening; None outside a group. SettingsError (one
+    line, naming the flag or variable) for a bad group, a missing secret or a taken port."""
+    # Host names and their addresses only for --peers (DNS, off the loop): a single node,
+    # the common case, looks nothing up and checks nothing.
+    names = await asyncio.to_thread(own_names, peers.bind) if peers.peers else set()
+    view = group_view(env, peers.peers, names, peers.port)
+    if view is None:
+        return None
+    if not peers.peers and peers.secret_file is None and not env.get(SECRET_VAR):
+        # LWS's variables alone, no secret: a sidecar set up before multi-node keeps working.
+        log.warning(
+            "in a LeaderWorkerSet group (%s of %d) but no peer secret: watching this node "
+            "alone; give --peer-secret-file to capture every node (docs/multi-node.md)",
+            view.me.name,
+            len(view.peers),
+        )
+        return None
+    validate_peers(peers, dict(ports or {}))
+    secret = load_secret(peers.secret_file, env)
+    local = LocalNode(view.me.name, local_of, tools_with(py_spy).get("py-spy"), gpu)
+    server = PeerServer(make_peer_app(local, secret, restart), peers.bind, peers.port)
+    try:
+        await server.start()
+    except OSError as exc:
+        raise SettingsError(
+            f"--peer-port {peers.port} on {peers.bind}: {exc.strerror or exc}; give a free port"
+        ) from None
+    return Peering(view, secret, local, server, session, peers.deadline_s)
+
+
+async def target_peering(
+    settings: WatchSettings,
+    session: aiohttp.ClientSession,
+    watcher: Watcher,
+    guard_listen: str | None,
+) -> Peering | None:
+    """A watched target's peering (``watch``, ``run``, ``guard``): its ranks are the watched
+    engine's processes, and neither the engine's port nor the guard's is the peer port."""
+    ports = {url_port(settings.connect_url or settings.url): "the engine's URL"}
+    if guard_listen:
+        ports[parse_listen(guard_listen, "--guard-listen")[1]] = "--guard-listen"
+    py_spy = settings.capture.py_spy
+    return await start_peering(settings.peers, session, watcher.find_procs, py_spy, watcher.gpu,
+                               ports=ports)  # fmt: skip
+
+
+async def run_peer(
+    peers: PeerSettings, profile: EngineProfile, pids: tuple[int, ...], py_spy: str | None
+) -> int:
+    """``engine-watchdog peer``: the endpoint alone, until SIGTERM or SIGINT (exit 0)."""
+    stopping = Stopping(MARGIN_S)
+    stopping.install()
+
+    async def find() -> tuple[ProcInfo, ...]:
+        return (await sample_procs_async(None, pids, profile=profile)).procs
+
+    load_secret(peers.secret_file, os.environ)  # a worker without the secret is no use: say so
+    gpu = GpuProbe(load_nvml())
+    try:
+        async with aiohttp.ClientSession() as session:
+            peering = await start_peering(peers, session, find, py_spy, gpu)
+            if peering is None:
+                raise SettingsError(
+                    "peer: not in a group; give --peers HOST:PORT,... or run it under "
+                    "LeaderWorkerSet (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX)"
+                )
+            print(f"engine-watchdog peer: {peering.view.me.name} ({peering.view.role}) on "
+                  f"{peers.bind}:{peering.server.port}", flush=True)  # fmt: skip
+            try:
+                await stopping.event.wait()
+            finally:
+                await peering.server.stop()
+    finally:
+        gpu.close()
+        stopping.done()
+    return 0
