@@ -32,6 +32,8 @@ _context: contextvars.ContextVar[Mapping[str, str | None]] = contextvars.Context
     "engine_watchdog_log_context", default=MappingProxyType({})
 )
 _json = False
+_own: list[logging.Handler] = []
+"""The handlers :func:`configure` made (and so formats)."""
 
 
 def bind(**fields: str | None) -> None:
@@ -104,16 +106,18 @@ class TextFormatter(logging.Formatter):
 
 def configure(as_json: bool, verbose: bool | None = None) -> None:
     """Every log line on stderr in one format (called again once a command knows --json;
-    ``verbose`` None: the level stays as it is)."""
+    ``verbose`` None: the level stays as it is). Like ``logging.basicConfig``, a root logger that
+    has handlers already (an embedding program's, pytest's) keeps them as they are."""
     global _json
     _json = as_json
     root = logging.getLogger()
     if not root.handlers:
-        root.addHandler(logging.StreamHandler(sys.stderr))
+        _own.append(logging.StreamHandler(sys.stderr))
+        root.addHandler(_own[-1])
     if verbose is not None:
         root.setLevel(logging.DEBUG if verbose else logging.INFO)
     logging.captureWarnings(True)  # a Python warning is a log line too, not a stray one
-    for handler in root.handlers:
+    for handler in _own:
         handler.setFormatter(JsonFormatter() if as_json else TextFormatter())
 
 
