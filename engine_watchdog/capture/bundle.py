@@ -37,6 +37,7 @@ from engine_watchdog.capture.summary import SummaryInput, load_groups, render_su
 from engine_watchdog.core.model import ProcInfo, Verdict
 from engine_watchdog.core.redact import Masker
 from engine_watchdog.core.settings import CaptureSettings
+from engine_watchdog.hangs.group import GROUP_FILE, culprit_lines, group_of
 from engine_watchdog.host.tools import resolve_tools, write_private
 
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -200,6 +201,10 @@ def _write_summary(tmp: Path, s: BundleSettings, info: SummaryInput, hangs: Know
     known hangs it resembles."""
     groups = load_groups(tmp, info.procs, source_reader(s.proc_root))
     summary = render_summary(replace(info, groups=groups))
+    culprit = culprit_lines(group_of(_read_small(tmp / GROUP_FILE)))
+    if culprit:  # a multi-node bundle: who stopped the group, first
+        title, rest = summary.split("\n", 1)
+        summary = "\n".join([title, "", "## Culprit", "", *culprit, rest])
     for section in (hangs.collectives, hangs.section):
         if section:
             summary = summary.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
@@ -264,6 +269,13 @@ async def write_bundle(
 
 async def _engine_version(s: BundleSettings) -> str | None:
     return await s.engine_version() if s.engine_version is not None else None
+
+
+def _read_small(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes() if path.stat().st_size < 8 << 20 else None
+    except OSError:
+        return None
 
 
 async def _pod_log(s: BundleSettings) -> bytes | None:

@@ -76,3 +76,8 @@ class Culprit:
     gpu: int | None = None
     evidence: tuple[str, ...] = field(default=())
     """The facts the judgement rests on, one line each."""
+    pid: int | None = None
+    """The culprit rank's process id on its node, when a rank is named."""
+    rule: str = ""
+    """The rule that decided (docs/multi-node.md, "The culprit"): rank-stopped,
+    outside-collective, gpu-spin, gpu-idle, stack-unchanged, node-silent or none."""

@@ -60,5 +60,8 @@ _DESCRIBE: dict[type[Rule], Callable[..., str]] = {
     FlagRule: _describe_flag,
     CmdlineRule: lambda r: f"command line mentions {' / '.join(r.any_of)}",
     EnvRule: lambda r: f"{r.name}={r.equals}" if r.equals is not None else f"{r.name} set",
-    VersionRule: lambda r: f"engine version in [{r.min_version or '-'}, {r.max_version or '-'}]",
+    VersionRule: lambda r: (
+        f"{'NCCL' if r.component == 'nccl' else 'engine'} version in "
+        f"[{r.min_version or '-'}, {r.max_version or '-'}]"
+    ),
 }

@@ -32,6 +32,7 @@ _FIXED: dict[str, tuple[int, bool]] = {
     "engine.log": (MAX_LOG_BYTES, True),
     "timeline.jsonl": (MAX_TIMELINE_BYTES, True),
     "flight_recorder/index.json": (MAX_JSON_BYTES, False),
+    "nodes/group.json": (MAX_JSON_BYTES, False),
 }
 ACTIONS = "../actions.jsonl"
 """The watchdog's action history sits in the incident directory, beside the bundles."""

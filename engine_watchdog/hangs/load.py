@@ -20,6 +20,7 @@ from engine_watchdog.hangs.schema import (
     GPU_STATES,
     ROLES,
     RULE_TYPES,
+    VERSION_COMPONENTS,
     Link,
     Rule,
     Signature,
@@ -63,7 +64,11 @@ _RULE_FIELDS: dict[str, dict[str, tuple[type, tuple[str, ...] | None]]] = {
     },
     "cmdline": {"any_of": (tuple, None), "role": (str, ROLES)},
     "env": {"name": (str, None), "equals": (str, None), "role": (str, ROLES)},
-    "version": {"min_version": (str, None), "max_version": (str, None)},
+    "version": {
+        "min_version": (str, None),
+        "max_version": (str, None),
+        "component": (str, VERSION_COMPONENTS),
+    },
 }
 _NEEDS = {  # at least one of these fields must be given and non-empty
     "frame": ("frames", "any_frames"),

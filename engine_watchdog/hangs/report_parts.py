@@ -11,6 +11,7 @@ from typing import Any
 
 from engine_watchdog.core.redact import redact_text
 from engine_watchdog.hangs import stacks, timeline
+from engine_watchdog.hangs.group import culprit_lines
 from engine_watchdog.hangs.view import BundleView, FrameView, ProcView
 
 NOT_IN_BUNDLE = "not in the bundle"
@@ -63,7 +64,8 @@ def describe_bug(view: BundleView) -> list[str]:
         head = f"An on-demand capture at {utc(m.get('created_unix'))}: the engine looked stuck."
         return [head, ""]
     secs = verdict.get("seconds_without_progress")
-    lines = [
+    lines = [*culprit_lines(view.group), ""] if view.group is not None else []
+    lines += [
         f"The engine stopped making progress: engine-watchdog judged it **{verdict.get('state')}** "
         f"(cause `{verdict.get('cause') or '-'}`) at {utc(verdict.get('t'))}, after "
         f"{secs if isinstance(secs, int | float) else '?'} s without progress (last progress "

@@ -250,12 +250,23 @@ def _env(rule: EnvRule, view: BundleView) -> Found:
 
 
 def _version(rule: VersionRule, view: BundleView) -> Found:
+    if rule.component == "nccl":
+        return _nccl_version(rule, view)
     if not view.engine_version:
         return None, [], "the engine's version is not in the bundle"
     ok = in_range(view.engine_version, rule.min_version, rule.max_version)
     if ok is None:
         return None, [], f"version {view.engine_version!r} not comparable"
     return ok, [Evidence("engine.log", f"engine version {view.engine_version}")], ""
+
+
+def _nccl_version(rule: VersionRule, view: BundleView) -> Found:
+    if not view.nccl_version:
+        return None, [], "NCCL's version is not in the bundle"
+    ok = in_range(view.nccl_version, rule.min_version, rule.max_version)
+    if ok is None:
+        return None, [], f"NCCL version {view.nccl_version!r} not comparable"
+    return ok, [Evidence("engine.log", f"NCCL version {view.nccl_version}")], ""
 
 
 _EVALUATORS: dict[type[Rule], Callable[..., Found]] = {

@@ -10,7 +10,8 @@ Every rule kind reads one thing a bundle holds (docs/known-hangs.md has the file
 - ``flag``: a flag on the engine's command line (present, value, minimum);
 - ``cmdline``: words anywhere on the command line (the model name, a quantization);
 - ``env``: an environment variable of the engine's processes;
-- ``version``: the engine's version, found in the bundle, within a range.
+- ``version``: the engine's version (or NCCL's: ``component``), found in the bundle, within a
+  range.
 
 A rule with ``negate`` holds when its condition does not. A rule with ``required`` must hold for
 the signature to count at all.
@@ -26,6 +27,7 @@ ROLES = ("engine-core", "worker", "api-server", "dp-coordinator", "any")
 ENGINES = ("vllm", "sglang", "trtllm", "tgi", "llamacpp", "any")
 GPU_STATES = ("spinning", "computing", "idle", "busy")
 GPU_SCOPES = ("any", "all", "split")
+VERSION_COMPONENTS = ("engine", "nccl")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +113,9 @@ class EnvRule(Rule):
 class VersionRule(Rule):
     min_version: str = ""
     max_version: str = ""
+    component: str = "engine"
+    """Whose version: the engine's, or NCCL's (``NCCL version X`` / ``vLLM is using nccl==X``
+    in the engine log)."""
 
 
 KIND_OF: dict[type[Rule], str] = {

@@ -14,6 +14,7 @@ from typing import Any
 
 from engine_watchdog.hangs.collectives import CollectiveView, parse_collectives
 from engine_watchdog.hangs.files import ACTIONS, RawBundle
+from engine_watchdog.hangs.group import GROUP_FILE, group_of
 from engine_watchdog.hangs.versions import engine_versions
 
 MAX_THREADS = 2000
@@ -94,6 +95,8 @@ class BundleView:
     nccl_version: str
     cuda_version: str
     notes: tuple[str, ...]
+    group: Mapping[str, Any] | None = None
+    """A multi-node bundle's nodes/group.json (every node's answer, the culprit); None else."""
 
 
 def build_view(raw: RawBundle) -> BundleView:
@@ -123,6 +126,7 @@ def build_view(raw: RawBundle) -> BundleView:
         nccl_version=found.nccl,
         cuda_version=found.cuda,
         notes=tuple(notes),
+        group=group_of(raw.files.get(GROUP_FILE)),
     )
 
 

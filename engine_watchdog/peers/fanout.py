@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult, StepStatus
+from engine_watchdog.core.culprit import name_culprit
 from engine_watchdog.core.ranks import Culprit, NodeReport
 from engine_watchdog.core.settings import Secret
 from engine_watchdog.host.tools import write_private
@@ -32,7 +33,6 @@ from engine_watchdog.net.http import fetch
 from engine_watchdog.peers.auth import bearer
 from engine_watchdog.peers.discovery import GroupView, Peer
 from engine_watchdog.peers.node import LocalNode, NodeCapture
-from engine_watchdog.peers.verdict import culprit_of
 from engine_watchdog.peers.wire import MAX_ANSWER_BYTES, AnswerError, read_capture
 
 STEP_NAME = "peers"
@@ -200,7 +200,7 @@ def peers_step(
         # The bundle writer abandons a step after its timeout: answer within it.
         deadline = min(deadline_s, max(ctx.timeout_s - 1.0, 1.0))
         results = await fan_out(view, local, session, secret, deadline)
-        culprit = culprit_of([r.report for r in results])
+        culprit = name_culprit([r.report for r in results])
         files = await asyncio.to_thread(write_nodes, ctx.workdir, results, culprit)
         answered = sum(r.capture is not None for r in results)
         status: StepStatus = (

@@ -88,6 +88,22 @@ _D = SimSettings()  # defaults, shown in --help
     default=_D.gpu,
     help="Engine cores compute on CUDA device 0 (PyTorch); the spin fault spins a GPU kernel.",
 )
+@click.option(
+    "--nodes",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Multi-node mode: this many node processes of --ranks-per-node rank processes each, "
+    "all in one collective; no API server (docs/multi-node.md).",
+)
+@click.option("--ranks-per-node", type=int, default=2, show_default=True)
+@click.option(
+    "--rank-fault",
+    default="none",
+    show_default=True,
+    help="Multi-node mode: KIND:RANK, KIND one of rank-stop, rank-skip, rank-dead, gpu-spin.",
+)
+@click.option("--fault-after-steps", type=int, default=20, show_default=True)
 @click.pass_context
 def sim_command(ctx: click.Context, /, **options: Any) -> None:
     """Run a vLLM-compatible engine simulator with injectable faults.
@@ -96,6 +112,9 @@ def sim_command(ctx: click.Context, /, **options: Any) -> None:
     VLLM::EngineCore like vLLM's. Dev endpoints (/pause, /sleep, /abort_requests...) need
     VLLM_SERVER_DEV_MODE=1, as in vLLM. SIGUSR2 ends an api-freeze.
     """
+    group = [options.pop(k) for k in ("nodes", "ranks_per_node", "rank_fault", "fault_after_steps")]
+    if group[0]:
+        ctx.exit(_run_group(*group))
     dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip().lower() in ("1", "true")
     try:
         settings = SimSettings(dev_mode=dev_mode, **options)
@@ -104,3 +123,14 @@ def sim_command(ctx: click.Context, /, **options: Any) -> None:
     except (SimSettingsError, GpuUnavailableError) as exc:
         raise click.UsageError(str(exc)) from exc
     ctx.exit(run_sim(settings))
+
+
+def _run_group(nodes: int, ranks_per_node: int, rank_fault: str, after: int) -> int:
+    from engine_watchdog.sim.multinode import GroupSpec, MultiNodeError
+    from engine_watchdog.sim.multinode_group import run_group
+
+    try:
+        spec = GroupSpec.parse(nodes, ranks_per_node, rank_fault, after)
+    except MultiNodeError as exc:
+        raise click.UsageError(str(exc)) from exc
+    return run_group(spec)

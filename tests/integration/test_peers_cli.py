@@ -85,7 +85,7 @@ async def test_the_leaders_capture_rung_bundles_every_node(
         await eventually(lambda: b"(worker) on" in (out / "peer.out").read_bytes(), 30)
         await sim_http.set_fault(sim, "deadlock")  # fires on the idle canary's step
         await watch.next_state("stalled", timeout=60)
-        found = await eventually(lambda: list(incidents.glob("*/nodes/group.json")), 60)
+        found = await eventually(lambda: list(incidents.glob("2*/nodes/group.json")), 60)
     finally:
         await stop_watch(watch)
         with contextlib.suppress(ProcessLookupError):
@@ -106,6 +106,15 @@ async def test_the_leaders_capture_rung_bundles_every_node(
     ours = json.loads((nodes / f"127.0.0.1_{leader}" / "manifest.json").read_text())
     assert ours["answered"] and ours["ranks"], ours  # the simulator's engine core, in-process
     assert peer.returncode == 0  # SIGTERM: an orderly stop
+    # Who stopped the group comes first, in summary.md and in report.md alike.
+    summary = (nodes.parent / "summary.md").read_text().splitlines()
+    assert summary[2] == "## Culprit" and summary[4].startswith("**Culprit: "), summary[:8]
+    culprit = group["culprit"]
+    reported = await run_cli("report", str(nodes.parent), "-o", str(out / "report.md"))
+    assert reported.code == 0, reported.err
+    report = (out / "report.md").read_text()
+    assert summary[4] in report and report.index(summary[4]) < report.index("stopped making")
+    assert culprit["why"] in report
     for path in out.rglob("*"):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), path

@@ -3,6 +3,7 @@ against the shipped signatures, and staying upright on broken or hostile bundles
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -24,6 +25,8 @@ from engine_watchdog.hangs import (
     section_markdown,
     top_signature_id,
 )
+from tests.data.hangs.build import write_bundle
+from tests.data.hangs.specs_multinode import NEAR_MISSES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "hangs"
 SIGS = load_signatures()
@@ -212,3 +215,27 @@ def test_py_spy_04_qualified_names_match_too(tmp_path: Path) -> None:
         top_signature_id(match_bundle(read_bundle(b), SIGS))
         == "vllm-mtp-engine-core-waits-on-workers"
     )
+
+
+@pytest.mark.parametrize("name", sorted(NEAR_MISSES))
+def test_a_near_miss_is_not_reported_as_the_signature_it_resembles(
+    name: str, tmp_path: Path
+) -> None:
+    """The same bundle with the one thing changed that the report says avoids the hang (eager
+    mode, NCCL 2.30.4, NCCL_P2P_DISABLE=1) or that tells it from a neighbour."""
+    sig_id, spec = NEAR_MISSES[name]
+    write_bundle(tmp_path / name, copy.deepcopy(spec))
+    matches = {m.signature.id: m for m in match_bundle(read_bundle(tmp_path / name), SIGS)}
+    assert not matches[sig_id].reported, (name, matches[sig_id].confidence)
+
+
+def test_the_nccl_version_rule_reads_the_engine_log() -> None:
+    m = next(
+        m
+        for m in match_bundle(
+            read_bundle(FIXTURES / "nccl-2289-cross-node-cudagraph-deadlock"), SIGS
+        )
+        if m.signature.id == "nccl-2289-cross-node-cudagraph-deadlock"
+    )
+    details = [e.detail for r in m.matched for e in r.evidence]
+    assert "NCCL version 2.28.9" in details

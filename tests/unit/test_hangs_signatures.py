@@ -192,3 +192,14 @@ def test_the_package_imports_nothing_else_from_engine_watchdog() -> None:
                     or name.startswith("engine_watchdog.hangs")
                     or name == "engine_watchdog.core.redact"
                 ), f"{path.name} imports {name}"
+
+
+def test_a_version_rule_names_engine_or_nccl() -> None:
+    doc = shipped()
+    nccl = next(
+        s for s in doc["signatures"] if s["id"] == "nccl-2289-cross-node-cudagraph-deadlock"
+    )
+    assert nccl["rules"][0]["component"] == "nccl"
+    nccl["rules"][0]["component"] = "cuda"
+    with pytest.raises(SignatureFileError, match="component: must be one of"):
+        parse_signatures(json.dumps(doc))

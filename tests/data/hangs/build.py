@@ -292,9 +292,10 @@ def write_bundle(root: Path, spec: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     from tests.data.hangs.specs import SPECS
     from tests.data.hangs.specs_more import MORE
+    from tests.data.hangs.specs_multinode import MULTINODE
 
     out = Path(argv[1]) if len(argv) > 1 else Path(__file__).parent
-    every = {**SPECS, **MORE}
+    every = {**SPECS, **MORE, **MULTINODE}
     for name, spec in every.items():
         write_bundle(out / name, spec)
     print(f"wrote {len(every)} fixture bundles under {out}")
