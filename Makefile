@@ -1,9 +1,11 @@
-# Two commands from a fresh clone: `make demo` and `make test`. Each creates .venv and installs
-# what it needs.
+# Two commands from a fresh clone: `make demo` and `make test`. Each creates its venv and installs
+# what it needs: .venv-demo the runtime package only, .venv the package and the dev tools.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+DEMO_VENV := .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .PHONY: demo test lint unit install clean tools
 
@@ -13,10 +15,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	rm -f $(VENV)/.installed-*; touch $@
 
+# The demo's own venv: what a user installs (no test tools); editable, so it runs this tree.
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DEMO_VENV)/bin/python -m pip install -q -e .
+	rm -f $(DEMO_VENV)/.installed-*; touch $@
+
 install: $(STAMP)
 
-demo: $(STAMP)
-	$(PY) -m engine_watchdog demo
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/python -m engine_watchdog demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -38,4 +47,4 @@ unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 clean:
-	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(DEMO_VENV) .cache .mypy_cache .ruff_cache .pytest_cache

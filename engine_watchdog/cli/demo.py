@@ -18,13 +18,13 @@ import json
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import click
 
+from engine_watchdog.cli.demo_summary import Story, bundles, report
 from engine_watchdog.cli.option_group import all_consumed
 from engine_watchdog.cli.options import CAPTURE, DETECTOR
 from engine_watchdog.core.detector import TARGET
@@ -46,28 +46,6 @@ from engine_watchdog.sim.launcher import free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
 
 MODEL = "demo-model"
-
-
-@dataclass
-class Story:
-    """What the demo saw, with monotonic times relative to its start."""
-
-    start: float = field(default_factory=time.monotonic)
-    marks: dict[str, float] = field(default_factory=dict)
-    stall: Verdict | None = None
-    recovered: asyncio.Event = field(default_factory=asyncio.Event)
-    progress_seen: asyncio.Event = field(default_factory=asyncio.Event)
-    """The watchdog has seen the engine make progress (so a hang has a last progress)."""
-
-    def now(self) -> float:
-        return time.monotonic() - self.start
-
-    def say(self, text: str) -> None:
-        click.echo(f"[{self.now():6.1f}s] {text}")
-
-    def mark(self, name: str, text: str) -> None:
-        self.marks.setdefault(name, self.now())
-        self.say(text)
 
 
 class StoryReporter:
@@ -209,14 +187,15 @@ async def serving_again(story: Story, url: str) -> bool:
 
 
 async def run_demo(detector: DetectorSettings, capture: CaptureSettings, gpu: bool = False) -> int:
-    story = Story()
+    story = Story(bundles_before=set(bundles(capture.incident_dir)))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     guard = f"127.0.0.1:{free_port()}"
     command = engine_command(port, gpu)
-    # The story prints every action itself (below); the supervisor's own log lines would say
-    # the same again.
-    logging.getLogger("engine_watchdog.actions").setLevel(logging.ERROR)
+    # The story tells every transition, action and client itself (below); the log lines of the
+    # supervisor, the guard and the engine's start would say the same again, in another format.
+    # Errors still show.
+    logging.getLogger("engine_watchdog").setLevel(logging.ERROR)
     stop = asyncio.Event()
     settings = demo_settings(url, detector, capture, gpu)
     stall_seconds = settings.detector.stall_seconds
@@ -252,31 +231,6 @@ async def run_demo(detector: DetectorSettings, capture: CaptureSettings, gpu: bo
         stop.set()
         await asyncio.wait_for(watchdog, 60)
     return report(story, outcome, capture.incident_dir, ok)
-
-
-def report(story: Story, outcome: object, incident_dir: Path, ok: bool) -> int:
-    m = story.marks
-    click.echo("\n== summary ==")
-    if story.stall is not None and "fault" in m and "stalled" in m:
-        v = story.stall
-        since = v.last_progress_t
-        latency = f"{v.t - since:.1f} s after the last progress" if since else "n/a"
-        after_fault = m["stalled"] - m["fault"]
-        click.echo(f"stall verdict: {v.cause}, {latency} ({after_fault:.1f} s after the fault)")
-    if "restart" in m and "back" in m:
-        click.echo(f"engine back: {m['back'] - m['restart']:.1f} s after the restart")
-    bundles = sorted(p for p in incident_dir.glob("*") if p.is_dir() and not p.name.startswith("."))
-    if bundles:
-        click.echo(f"incident bundle: {bundles[-1]}  (summary.md, manifest.json, stacks/)")
-    if "stuck-answered" in m:
-        click.echo(
-            f"stuck request: answered {m['stuck-answered'] - m['stuck']:.1f} s after the fault"
-        )
-    click.echo(f"clients: {outcome}")
-    hanging = getattr(outcome, "hanging", 1)
-    passed = ok and hanging == 0 and story.stall is not None and "stuck-answered" in m
-    click.echo("demo: OK" if passed else "demo: FAILED")
-    return 0 if passed else 1
 
 
 @click.command()

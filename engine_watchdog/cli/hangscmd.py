@@ -30,6 +30,7 @@ SIGNATURES = click.option(
     "--signatures",
     type=click.Path(dir_okay=False, path_type=Path),
     envvar="ENGINE_WATCHDOG_SIGNATURES",
+    show_envvar=True,
     help="Known-hang signature file [default: the one shipped with engine-watchdog].",
 )
 

@@ -9,7 +9,6 @@ exit codes.
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 import traceback
@@ -20,7 +19,7 @@ import click
 
 from engine_watchdog import __version__
 from engine_watchdog.cli.errors import EXIT_SOFTWARE, EXIT_USAGE, CliError
-from engine_watchdog.cli.numbers import POSITIVE
+from engine_watchdog.cli.numbers import POSITIVE, env_source
 from engine_watchdog.cli.options import (
     CAPTURE,
     DETECTOR,
@@ -41,6 +40,7 @@ from engine_watchdog.cli.options import (
 from engine_watchdog.cli.targets import TARGETS
 from engine_watchdog.core.redact import redact_argv
 from engine_watchdog.core.settings import CannotWriteError, SettingsError, validate
+from engine_watchdog.host import logs
 from engine_watchdog.runtime.loop import run as run_loop
 
 EXIT_INTERRUPTED = 130
@@ -51,11 +51,7 @@ EXIT_INTERRUPTED = 130
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def cli(verbose: bool) -> None:
     """Catches LLM serving engines that hang silently: detect, capture, recover."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(False, verbose)  # --json, read with the command's options, may change it
 
 
 @cli.command()
@@ -165,6 +161,7 @@ def guard(url: str, **kw: Any) -> None:
     type=POSITIVE,
     default=None,
     envvar="ENGINE_WATCHDOG_TIMEOUT",
+    show_envvar=True,
     help="Observe at most this long [default: --stall-seconds + 10].",
 )
 @JSON
@@ -200,8 +197,10 @@ def _internal_error(exc: Exception, argv: list[str]) -> int:
     if "-v" in argv or "--verbose" in argv:
         traceback.print_exc()
     click.echo(
-        f"error: internal error, {type(exc).__name__}: {exc} (a bug: rerun with -v for the "
-        "traceback, and report it)",
+        logs.error_line(
+            f"internal error, {type(exc).__name__}: {exc} (a bug: rerun with -v for the "
+            "traceback, and report it)"
+        ),
         err=True,
     )
     return EXIT_SOFTWARE
@@ -232,10 +231,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.Abort:
         code = EXIT_INTERRUPTED
     except click.UsageError as exc:
-        click.echo(f"error: {exc.format_message()} (see --help)", err=True)
+        if isinstance(exc, click.BadParameter) and (var := env_source(exc.param, exc.ctx)):
+            exc.param_hint = var  # the ConfigMap's typo points at the ConfigMap, not a flag
+        click.echo(logs.error_line(f"{exc.format_message()} (see --help)"), err=True)
         code = EXIT_USAGE
     except (SettingsError, CannotWriteError, CliError) as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(logs.error_line(str(exc)), err=True)
         code = exc.exit_code
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED

@@ -68,12 +68,19 @@ def source_name(param: click.Parameter | None, ctx: click.Context | None) -> str
     if param is None:
         return "value"
     flag = max(param.opts, key=len) if param.opts else (param.name or "value")
-    if ctx is None or param.name is None:
-        return flag
-    if ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT:
-        envvar = param.envvar
-        if isinstance(envvar, str):
-            return envvar
-        if envvar:  # several names: the one that is set
-            return next((e for e in envvar if os.environ.get(e)), envvar[0])
-    return flag
+    return env_source(param, ctx) or flag
+
+
+def env_source(param: click.Parameter | None, ctx: click.Context | None) -> str | None:
+    """The environment variable ``param``'s value was read from; None when it was given on the
+    command line or is the default."""
+    if param is None or ctx is None or param.name is None:
+        return None
+    if ctx.get_parameter_source(param.name) is not ParameterSource.ENVIRONMENT:
+        return None
+    envvar = param.envvar
+    if isinstance(envvar, str):
+        return envvar
+    if envvar:  # several names: the one that is set
+        return next((e for e in envvar if os.environ.get(e)), envvar[0])
+    return None

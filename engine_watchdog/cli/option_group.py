@@ -11,13 +11,16 @@ as ENGINE_WATCHDOG_<OPTION> (:func:`env_name`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any, Generic, TypeVar
 
 import click
 
-from engine_watchdog.cli.numbers import SECONDS
+from engine_watchdog.cli.errors import CliError
+from engine_watchdog.cli.numbers import SECONDS, env_source
+from engine_watchdog.core.settings import SettingsError
 
 F = TypeVar("F", bound=Callable[..., Any])
 S = TypeVar("S")
@@ -42,6 +45,10 @@ class Opt:
     """Command-line value -> field value."""
     default: Any = None
     """The command-line default when it is not the field's own (e.g. ``--action``)."""
+    callback: Callable[[click.Context, click.Parameter, Any], Any] | None = None
+    """click's callback: runs while the command line is read (--json: the log format)."""
+    eager: bool = False
+    """Read before the others (--json: their errors are then in its format)."""
 
     @property
     def dest(self) -> str:
@@ -49,6 +56,7 @@ class Opt:
 
     def decorator(self, field_default: Any, with_default: bool) -> Callable[[F], F]:
         attrs: dict[str, Any] = {"help": self.help, "envvar": env_name(self.dest)}
+        attrs.update(show_envvar=True, callback=self.callback, is_eager=self.eager)
         default = self.default if self.default is not None else field_default
         if self.multiple:
             attrs["multiple"] = True
@@ -78,8 +86,7 @@ class One:
         return One(replace(self.opt, help=text), self.default)
 
     def take(self, kw: dict[str, Any]) -> Any:
-        value = kw.pop(self.opt.dest)
-        return self.opt.convert(value) if self.opt.convert and value is not None else value
+        return converted(self.opt, kw.pop(self.opt.dest))
 
 
 class OptionGroup(Generic[S]):
@@ -135,7 +142,7 @@ class OptionGroup(Generic[S]):
             for opt in self.opts:
                 value = kw.pop(opt.dest)
                 if value is not None:
-                    given.append((opt.field, opt.convert(value) if opt.convert else value))
+                    given.append((opt.field, converted(opt, value)))
 
         def apply(settings: S) -> S:
             for name, value in given:
@@ -143,6 +150,35 @@ class OptionGroup(Generic[S]):
             return settings
 
         return apply
+
+
+def converted(opt: Opt, value: Any) -> Any:
+    """``opt.convert(value)``, its error naming where the value came from."""
+    if opt.convert is None or value is None:
+        return value
+    with named_by_source(opt.flag.split("/")[0], opt.dest):
+        return opt.convert(value)
+
+
+@contextmanager
+def named_by_source(flag: str, dest: str, only_ours: bool = False) -> Iterator[None]:
+    """A usage error in the block names the environment variable instead of ``flag`` when the
+    option's value was read from one (the messages are written with the flag); a message
+    without the flag gets the variable in front, unless ``only_ours`` (the block reads other
+    options too)."""
+    try:
+        yield
+    except (SettingsError, CliError) as exc:
+        ctx = click.get_current_context(silent=True)
+        param = next((p for p in ctx.command.params if p.name == dest), None) if ctx else None
+        var = env_source(param, ctx)
+        if var is not None:
+            text = str(exc)
+            if flag in text:
+                exc.args = (text.replace(flag, var, 1),)
+            elif not only_ours:
+                exc.args = (f"{var}: {text}",)
+        raise
 
 
 def _get(obj: Any, dotted: str) -> Any:

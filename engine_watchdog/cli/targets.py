@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from engine_watchdog.cli.errors import EXIT_UNAVAILABLE, CliError
-from engine_watchdog.cli.option_group import F, env_name
+from engine_watchdog.cli.option_group import F, env_name, named_by_source
 from engine_watchdog.core.settings import SettingsError, normalise_url
 
 KUBECTL_TIMEOUT_S = 30.0
@@ -124,15 +124,20 @@ class TargetOptions:
                 "targets_file",
                 type=click.Path(dir_okay=False, path_type=Path),
                 envvar=env_name("targets"),
+                show_envvar=True,
                 help="File with one engine URL per line.",
             ),
             click.option(
                 "--selector",
                 envvar=env_name("selector"),
+                show_envvar=True,
                 help="Kubernetes label selector of engine pods (asks kubectl for their IPs).",
             ),
             click.option(
-                "--namespace", envvar=env_name("namespace"), help="Namespace for --selector."
+                "--namespace",
+                envvar=env_name("namespace"),
+                show_envvar=True,
+                help="Namespace for --selector.",
             ),
             click.option(
                 "--port",
@@ -140,6 +145,7 @@ class TargetOptions:
                 default=8000,
                 show_default=True,
                 envvar=env_name("port"),
+                show_envvar=True,
                 help="Engine port for --selector pods.",
             ),
         ]
@@ -148,13 +154,14 @@ class TargetOptions:
         return func
 
     def take(self, kw: dict[str, Any]) -> list[str]:
-        return resolve_targets(
-            kw.pop("urls"),
-            kw.pop("targets_file"),
-            kw.pop("selector"),
-            kw.pop("namespace"),
-            kw.pop("port"),
-        )
+        with named_by_source("--targets", "targets_file", only_ours=True):
+            return resolve_targets(
+                kw.pop("urls"),
+                kw.pop("targets_file"),
+                kw.pop("selector"),
+                kw.pop("namespace"),
+                kw.pop("port"),
+            )
 
 
 TARGETS = TargetOptions()

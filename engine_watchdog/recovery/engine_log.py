@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from engine_watchdog.host import logs
 from engine_watchdog.host.tools import make_private_dirs
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ def _emit(data: bytes, out: BinaryIO | None, engine_log: EngineLog) -> BinaryIO 
     """To stderr (None once it is closed or gone) and to the log file."""
     if out is not None:  # stderr: stdout carries the watchdog's own (JSON) lines
         try:
-            out.write(data)
+            out.write(logs.engine_lines(data))  # in JSON mode: a record a line
             out.flush()
         except (OSError, ValueError):  # closed or gone: the log file still gets it
             out = None

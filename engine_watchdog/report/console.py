@@ -1,12 +1,24 @@
-"""Transitions as one readable line each, or as JSON lines."""
+"""Transitions as one readable line each, or as JSON lines in the log format of every other
+line (host/logs.py): ``ts``, ``level``, ``msg`` and the incident's keys, then the verdict's."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from engine_watchdog.core.model import State, Transition, Verdict
+from engine_watchdog.host.logs import json_line
+
+VERDICTS_LOGGER = "engine_watchdog.verdicts"
+
+
+def incident_id(v: Verdict) -> str:
+    """The incident a stall verdict opens: ``<UTC of the stall>-<engine>-<cause>``, the same in
+    the transition line and in every log line of its ladder (its bundles are named by when
+    they were made)."""
+    t = v.since if v.since is not None else v.t
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t))
+    return f"{stamp}-{v.engine}-{v.cause or 'stall'}"
 
 
 def clock_text(t: float) -> str:
@@ -45,7 +57,10 @@ def transition_text(change: Transition) -> str:
     return text
 
 
-def transition_json(change: Transition, target: str) -> str:
+def transition_json(change: Transition, target: str, incident: str | None = None) -> str:
+    """``incident``: the stall this transition enters, or the one it leaves."""
     rec = verdict_dict(change.new, target)
     rec["old"] = change.old.value if change.old else None
-    return json.dumps(rec, separators=(",", ":"))
+    rec["incident"] = incident
+    level = "warning" if change.new.state in (State.SUSPECT, State.STALLED) else "info"
+    return json_line(change.new.t, level, VERDICTS_LOGGER, transition_text(change), rec)

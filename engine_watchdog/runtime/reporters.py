@@ -11,26 +11,38 @@ from engine_watchdog.core.model import (
     Observation,
     ProcsObs,
     ScrapeObs,
+    State,
     Transition,
     Verdict,
 )
-from engine_watchdog.report.console import transition_json, transition_line
+from engine_watchdog.report.console import incident_id, transition_json, transition_line
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.runtime.events import Channel
 from engine_watchdog.runtime.watcher import Watcher
 
 
 class ConsoleReporter:
-    """Prints each transition as one line (readable or JSON)."""
+    """Prints each transition as one line (readable or JSON); a JSON line names the incident
+    it enters or leaves."""
 
     def __init__(self, as_json: bool, out: Callable[[str], None] = print) -> None:
         self.as_json = as_json
         self.out = out
+        self.incidents: dict[str, str] = {}
+        """engine -> the incident its stall opened, until it leaves the stall."""
 
     def report(self, target: str, changes: list[Transition], verdicts: dict[str, Verdict]) -> None:
         for change in changes:
-            line = transition_json if self.as_json else transition_line
-            self.out(line(change, target))
+            if not self.as_json:
+                self.out(transition_line(change, target))
+                continue
+            engine = change.new.engine
+            incident: str | None
+            if change.new.state is State.STALLED:
+                incident = self.incidents.setdefault(engine, incident_id(change.new))
+            else:
+                incident = self.incidents.pop(engine, None)
+            self.out(transition_json(change, target, incident))
 
 
 class MetricsReporter:

@@ -23,6 +23,7 @@ from engine_watchdog.core.settings import (
     parse_listen,
 )
 from engine_watchdog.guard.drain import ANSWER_S, drain
+from engine_watchdog.host.logs import bind
 from engine_watchdog.net.bounded import bounded, end_tasks
 from engine_watchdog.recovery.supervise import OUTPUT_DRAIN_S, STOP_GRACE_S
 from engine_watchdog.report.console import verdict_dict
@@ -134,9 +135,14 @@ async def run_watch(
                                     echo_engine, action_listeners)  # fmt: skip
                 tasks: dict[str, Task] = {}
                 for t in targets:
-                    tasks.update(t.tasks)
                     reporters = [*t.reporters, *(extra_reporters or [])]
-                    tasks[f"probe-loop:{t.settings.url}"] = probe_loop(t.watcher, reporters)
+                    own = {
+                        **t.tasks,
+                        f"probe-loop:{t.settings.url}": probe_loop(t.watcher, reporters),
+                    }
+                    tasks.update(
+                        {name: _for_target(t.watcher.target, c) for name, c in own.items()}
+                    )
                 return await run_guarded(tasks, stop, lambda: _drain(targets))
             finally:
                 await asyncio.gather(*(_close(t) for t in targets))
@@ -145,6 +151,12 @@ async def run_watch(
             await bounded(server.cleanup(), CLOSE_S, "the watchdog's own server's cleanup")
         if stopping is not None:
             stopping.done()
+
+
+async def _for_target(target: str, task: Task) -> None:
+    """A target's task, its log lines naming the target (host/logs.py)."""
+    bind(target=target)
+    await task
 
 
 async def _assemble_all(

@@ -28,8 +28,10 @@ from engine_watchdog.core.model import (
 )
 from engine_watchdog.core.settings import PolicySettings
 from engine_watchdog.guard.errors import MESSAGES, Ending
+from engine_watchdog.host.logs import bind
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.supervise import EngineExited
+from engine_watchdog.report.console import incident_id
 from engine_watchdog.runtime.events import Channel, RequestsStuck
 from engine_watchdog.runtime.hands import Actions, GuardControl, refusal
 from engine_watchdog.runtime.ledger import ActionListener, Ledger
@@ -148,6 +150,9 @@ class Supervisor:
     # -- the ladder --------------------------------------------------------------------------
 
     async def _incident(self, verdict: Verdict) -> None:
+        # This task's own log context: every line of the ladder names the incident.
+        bind(engine=verdict.engine, state=verdict.state.value, cause=verdict.cause)
+        bind(incident=incident_id(verdict))
         log.warning("incident: engine %s stalled (%s)", verdict.engine, verdict.cause)
         rungs = self.policy.actions
         if verdict.cause == STUCK_REQUESTS:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -126,7 +127,8 @@ async def test_a_pid_holding_two_engines_is_refused_and_both_engines_live(
         assert alive(cores[1]), "the healthy engine's core was killed"
         assert alive(cores[0])
         assert watch.proc.returncode == 64, watch.log()[-2000:]
-        errors = [line for line in watch.log().splitlines() if line.startswith("error:")]
+        records = [json.loads(line) for line in watch.log().splitlines() if line.strip()]
+        errors = [r["msg"] for r in records if r["logger"] == "engine_watchdog.cli"]  # --json
         assert len(errors) == 1, watch.log()
         assert f"--pid {shell} (sh -c" in errors[0] and "is not an engine process" in errors[0]
         assert "it runs 2 engines" in errors[0] and "leave --pid out" in errors[0]

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -75,6 +76,10 @@ async def test_engine_death_is_reported_and_restarted_once(tmp_path: Path) -> No
         code = await asyncio.wait_for(run.proc.wait(), 40)
     assert code == 0
     assert not [p for p in children if psutil.pid_exists(p)], "engine processes left behind"
+    # --json: the engine's own output on our stderr is JSON lines too, one record a line.
+    records = [json.loads(line) for line in (tmp_path / "run.err").read_text().splitlines()]
+    assert any(r["logger"] == "engine" and "API server" in r["msg"] for r in records), records
+    assert any(r["logger"] == "engine_watchdog.actions" and r["incident"] for r in records)
 
 
 ENGINE_SCRIPT = """
@@ -175,6 +180,17 @@ async def test_demo_tells_the_whole_story(tmp_path: Path) -> None:
     steps = ("stalled", "action capture: ok", "action abort: ok", "action restart: ok")
     for step in (*steps, "engine back", "HTTP 200"):
         assert step in ran.out, step
-    assert "hanging=0" in ran.out
+    assert "none left hanging" in ran.out
     bundles = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert bundles and (bundles[0] / "summary.md").exists()
+    # A story, not a program's insides: no Python repr (``LoadOutcome(started=...)``).
+    assert not re.search(r"\b[A-Z]\w+\(\w+=", ran.out), ran.out
+    # Every folder it names is one the bundle has.
+    said = re.findall(r"^incident bundle: (\S+)\n  holds (.+)$", ran.out, re.MULTILINE)
+    assert said, ran.out
+    for path, holds in said:
+        folders = re.findall(r"([\w.-]+)/ \(", holds)
+        assert "pyspy" in folders, holds
+        assert all((Path(path) / name).is_dir() for name in folders), holds
+        files = [item.split(" (")[0] for item in holds.split(", ") if "/" not in item]
+        assert all((Path(path) / name).is_file() for name in files), holds
