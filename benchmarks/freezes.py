@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import random
 import statistics
 import time
 from typing import Any
@@ -28,7 +29,10 @@ from tests.tools.guard import post_json
 STREAMS = 3
 """Streams under way at each freeze."""
 WARM_S = 5.0
-"""Streams move this long before each freeze (scaled)."""
+"""Streams move this long before each freeze (scaled), plus up to one probe round drawn at
+random: a hang comes at any phase of the watchdog's rounds, and so do these freezes."""
+PHASES = random.Random(20)
+"""Seeded: the same phases on every run."""
 ANSWER_BOUND_S = 120.0
 RECOVER_BOUND_S = 120.0
 GOAL_S = 6.0
@@ -44,7 +48,8 @@ async def one_freeze(built: timers_rig.Rig, session: aiohttp.ClientSession, i: i
     s, url = built.scale, built.urls["guard"]["freeze"]
     seen = [Seen("guard", "frozen", f"frozen-{i}-{k}", time.time()) for k in range(STREAMS)]
     tasks = [asyncio.create_task(client(session, url, x, 100_000)) for x in seen]
-    await asyncio.sleep(WARM_S * s)
+    round_s = timers_rig.GUARD_SECONDS["--interval"]
+    await asyncio.sleep((WARM_S + PHASES.uniform(0.0, round_s)) * s)
     sim = built.sims["freeze"].url
     await post_json(sim + "/sim/fault", {"fault": "freeze-last", "freeze_last_n": 10**6})
     _, pending = await asyncio.wait(tasks, timeout=ANSWER_BOUND_S * s)
