@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,7 +40,7 @@ from typing import Any
 
 import aiohttp
 
-from benchmarks import timers_rig
+from benchmarks import proxy_peers, timers_rig
 from benchmarks.timers_rig import MODEL, PREFILL_S, TOKENS_PER_S
 from tests.tools.guard import post_json
 
@@ -265,6 +266,17 @@ def _timer(path: str) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        result = run(args)
+    except proxy_peers.Missing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.freezes:
         from benchmarks import freezes
 
@@ -274,9 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = asyncio.run(bench(args.paths, args.scale))
         print(f"scale {args.scale:g} (durations x{args.scale:g}); {result['machine']}")
         print(table(result["summary"]))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    return 0
+    return result
 
 
 if __name__ == "__main__":
