@@ -127,6 +127,7 @@ class EngineCore:
             if self._has_work():
                 delay = self._next_step_at - time.monotonic()
                 if delay <= 0:
+                    self._drain_inputs()
                     return
             else:
                 delay = IDLE_POLL_S
@@ -134,6 +135,16 @@ class EngineCore:
                 kind, body = self.inputs.get(timeout=delay)
             except queue.Empty:
                 continue
+            self._handle(kind, body)
+
+    def _drain_inputs(self) -> None:
+        """What came in meanwhile, before the step (vLLM's ``_process_input_queue``): else a
+        slow engine's back-to-back steps let no new request in until the running ones end."""
+        while True:
+            try:
+                kind, body = self.inputs.get_nowait()
+            except queue.Empty:
+                return
             self._handle(kind, body)
 
     def _step(self) -> None:

@@ -163,6 +163,21 @@ async def test_slow_tokens_trickle_but_move(sim_factory, sim_http):
     assert status == 200 and loop.time() - started < slow
 
 
+async def test_a_slow_engine_admits_a_new_request_at_its_next_step(sim_factory, sim_http):
+    """vLLM handles its input queue before every step; a slow engine's steps run back to back,
+    and a request sent meanwhile must not wait for the running ones to end."""
+    sim = await sim_factory("--fault", "slow", "--slow-tokens-per-second", "4")
+    loop = asyncio.get_running_loop()
+    first = asyncio.create_task(sim_http.complete(sim, max_tokens=12))  # 3 s at 4 steps/s
+    await asyncio.sleep(0.6)
+    started = loop.time()
+    status, _ = await sim_http.complete(sim, max_tokens=1)
+    second_s = loop.time() - started
+    assert status == 200 and not first.done(), "the new request waited for the running one"
+    assert second_s < 1.5, second_s  # prefill and a token: two steps of 0.25 s, with slack
+    assert (await first)[0] == 200
+
+
 async def test_long_prefill_grows_kv_with_no_token_and_no_counter(sim_factory, sim_http, poll):
     sim = await sim_factory(
         "--fault", "long-prefill", "--long-prefill-seconds", "5", "--kv-capacity-tokens", "4096"
