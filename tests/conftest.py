@@ -21,6 +21,7 @@ SAME_WORKER = {
     "tests/e2e/": "e2e",  # real vLLMs: one at a time
     "tests/deploy/test_image_podman.py": "image",  # one image build for the module
     "tests/integration/test_multinode_gloo.py": "gloo",  # pods of one group: one at a time
+    "tests/integration/test_multinode_sidecars.py": "gloo",  # the same addresses: after it
 }
 """Node id prefix -> group: a group's tests all run in one worker, in collection order."""
 

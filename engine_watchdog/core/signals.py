@@ -37,11 +37,17 @@ class Signals:
         self.gpus: deque[GpuObs] = deque()
         self.canaries: deque[CanaryObs] = deque()
         self.engine_seen = False
+        self.core_seen = False
+        """An engine-core process was seen: then it alone keeps the engine alive (its workers
+        may outlive it for a moment). Where none ever was (a plain torch rank titled
+        ``VLLM::Worker_TP0`` serving the API, a worker watched with --pid), its workers do."""
 
     def add(self, obs: ProcsObs | GpuObs | CanaryObs) -> None:
         if isinstance(obs, ProcsObs):
             _append(self.procs, obs)
-            self.engine_seen = self.engine_seen or bool(_engine_procs(obs))
+            engine = _engine_procs(obs)
+            self.engine_seen = self.engine_seen or bool(engine)
+            self.core_seen = self.core_seen or any(p.role == "engine-core" for p in engine)
         elif isinstance(obs, GpuObs):
             _append(self.gpus, obs)
         else:
@@ -51,15 +57,18 @@ class Signals:
 
     def engine_gone(self, since: float) -> Finding | None:
         """The engine core was seen, and the last two process samples since ``since`` lack it
-        (two: one sample can miss it in a discovery race)."""
+        (two: one sample can miss it in a discovery race); for an engine seen without a core,
+        the same of its workers."""
         window = [p for p in self.procs if p.t >= since][-2:]
         if not self.engine_seen or len(window) < 2:
             return None
+        needed = ("engine-core",) if self.core_seen else ENGINE_ROLES
         for sample in window:
             live = [p for p in _engine_procs(sample) if p.state not in ("gone", "zombie")]
-            if any(p.role == "engine-core" for p in live):
+            if any(p.role in needed for p in live):
                 return None
-        return Finding(Cause.ENGINE_DEAD, "the engine-core process is gone")
+        what = "engine-core process is" if self.core_seen else "engine's worker processes are"
+        return Finding(Cause.ENGINE_DEAD, f"the {what} gone")
 
     def gpu_computing(self) -> bool:
         """The latest sample shows an engine GPU computing (tensor or DRAM activity)."""

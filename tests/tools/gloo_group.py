@@ -99,6 +99,14 @@ class Rank:
         return procs[-1].pid
 
     @property
+    def pod_pid(self) -> int:
+        """The rank's PID as its own pod numbers it (``NSpid``'s last field): what a sidecar
+        in the pod passes as ``--pid``."""
+        status = Path(f"/proc/{self.host_pid}/status").read_text()
+        line = next(x for x in status.splitlines() if x.startswith("NSpid:"))
+        return int(line.split()[-1])
+
+    @property
     def init_pid(self) -> int | None:
         """Its pod's PID 1 (the reaper), as the root namespace numbers it."""
         return self.pod.pid1()
@@ -116,10 +124,15 @@ class GlooGroup:
         uid: int = ENGINE_UID,
         timeout_s: float = 300.0,
         reachable: Sequence[Path] = (),
+        title: str | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         """``reachable``: more programs the pods' UIDs must be able to run (a sidecar's
-        Python), whatever the folders they sit in on the host (tests/tools/pod.py)."""
+        Python), whatever the folders they sit in on the host (tests/tools/pod.py).
+        ``title``: each rank's process title, ``{rank}`` filled in (``VLLM::Worker_TP{rank}``);
+        ``metrics_port``: rank 0 serves a vLLM-shaped /metrics there (tests/tools/gloo_rank.py)."""
         self.world, self.python, self.uid, self.timeout_s = world, python, uid, timeout_s
+        self.title, self.metrics_port = title, metrics_port
         self.reachable = (python, RANK_SCRIPT, *reachable)
         self.tag = f"ewg{os.getpid()}-{next(_GROUPS)}"
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir=workdir))
@@ -180,7 +193,7 @@ class GlooGroup:
         return name
 
     def _env(self, rank: Rank) -> dict[str, str]:
-        return {
+        env = {
             "PATH": "/usr/bin:/bin",
             "HOME": str(rank.folder),
             "EW_RANK": str(rank.rank),
@@ -191,7 +204,18 @@ class GlooGroup:
             "EW_TIMEOUT_S": str(self.timeout_s),
             "GLOO_SOCKET_IFNAME": "eth0",
             "OMP_NUM_THREADS": "1",
+            "RANK": str(rank.rank),  # as torchrun and Ray's vLLM workers set it
+            "WORLD_SIZE": str(self.world),
         }
+        if self.title:
+            env["EW_TITLE"] = self.title.format(rank=rank.rank)
+            # setproctitle otherwise writes the title over the environment's memory too, and
+            # /proc/PID/environ (where a sidecar reads RANK) reads back empty: true of vLLM's
+            # titled ranks as well. SPT_NOENV keeps it (the title fits in argv's room).
+            env["SPT_NOENV"] = "1"
+        if self.metrics_port and rank.rank == 0:
+            env["EW_METRICS_PORT"] = str(self.metrics_port)
+        return env
 
     def kill(self, timeout_s: float = 30.0) -> None:
         """Stop the group as a restart does: SIGKILL of every pod's PID 1 (the kernel ends
@@ -260,10 +284,17 @@ class GlooGroup:
         )
 
     def run(
-        self, i: int, name: str, argv: Sequence[str], uid: int, env: Mapping[str, str] | None = None
+        self,
+        i: int,
+        name: str,
+        argv: Sequence[str],
+        uid: int,
+        env: Mapping[str, str] | None = None,
+        caps: Sequence[str] = (),
     ) -> Container:
-        """Start another container in rank ``i``'s pod: its network and PID namespace."""
-        return self.ranks[i].pod.run(name, argv, uid, env=env)
+        """Start another container in rank ``i``'s pod: its network and PID namespace, exactly
+        ``caps`` (a sidecar's SYS_PTRACE)."""
+        return self.ranks[i].pod.run(name, argv, uid, caps=caps, env=env)
 
     def processes(self) -> list[psutil.Process]:
         """Every live process of the group's pods (PID 1s included), as the host sees them."""

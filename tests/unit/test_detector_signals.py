@@ -139,6 +139,23 @@ def test_engine_core_gone_is_engine_dead() -> None:
     assert first_stall(seen) == (7.5, "engine-dead")  # two samples: one may miss it in a race
 
 
+def test_an_engine_of_workers_alone_is_dead_only_when_its_workers_are() -> None:
+    """A rank that serves the API itself (a torch rank titled ``VLLM::Worker_TP0``, watched by
+    its port or --pid) has no engine core: it was judged engine-dead at its second process
+    sample, while it served. Only its workers gone is dead."""
+
+    def rank(t: float, alive: bool = True) -> ProcsObs:
+        ps = (ProcInfo(CORE, 1, "worker", "VLLM::Worker_TP0", "sleeping", 1.0),) if alive else ()
+        return ProcsObs(T0 + t, ps)
+
+    serving = {t: [rank(t + 0.5)] for t in range(8)}
+    _, seen = run(frozen_engine(8, serving))
+    assert first_stall(seen) is None
+    dies = {3: [rank(3.5)], 4: [rank(4.5)], 6: [rank(6.5, False)], 7: [rank(7.5, False)]}
+    _, seen = run(frozen_engine(10, dies))
+    assert first_stall(seen) == (7.5, "engine-dead")
+
+
 def test_wedged_idle_engine_fails_its_idle_canary() -> None:
     obs: list[Observation] = [scrape(t, Eng()) for t in range(70)]
     obs.insert(65, CanaryObs(T0 + 64.5, ok=False, error="timeout", sent_t=T0 + 56.5))
