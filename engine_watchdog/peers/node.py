@@ -5,13 +5,14 @@ Each rank process is dumped twice with py-spy (capture/pyspy.py's :func:`dump_pr
 process), a short interval apart, so a stack that does not move is told from one that does;
 NVML (capture/gpu.py's snapshot) gives each GPU's state and which rank holds it where a GPU is
 present. The rank number comes from the process's ``RANK`` variable (torchrun, Ray's vLLM
-workers) where it can be read, else -1.
+workers) where it can be read, else from a vLLM worker's title where that alone names it, else -1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -62,12 +63,24 @@ def rank_procs(procs: Sequence[ProcInfo]) -> list[ProcInfo]:
     return ranks or live
 
 
-def rank_of(pid: int, proc_root: Path) -> int:
+TP_ONLY_TITLE = re.compile(r"Worker_TP(\d+)")
+"""vLLM's multiproc worker title (vllm/v1/executor/multiproc_executor.py,
+``setup_proc_title_and_log_prefix``) adds ``_DP``, ``_PP``, ``_PCP``, ``_TP``, ``_DCP``, ``_EP``
+for each parallel group larger than one; with ``_TP<n>`` alone, tensor parallelism is the whole
+world and its TP rank is the torch.distributed rank."""
+
+
+def rank_of(pid: int, proc_root: Path, title: str = "") -> int:
+    """The process's ``RANK``; else the rank its vLLM title names; else -1. setproctitle zeroes
+    /proc/PID/environ (capture/procfs.py), so a titled rank reads no ``RANK``."""
     try:
-        text = read_environ(proc_root, pid).get("RANK", "")
+        text = read_environ(proc_root, pid).get("RANK", "").strip()
     except OSError:
-        return -1
-    return int(text) if text.strip().isdigit() else -1
+        text = ""
+    if text.isdigit():
+        return int(text)
+    named = TP_ONLY_TITLE.fullmatch(title.rsplit("::", 1)[-1]) if "::" in title else None
+    return int(named.group(1)) if named else -1
 
 
 def main_stack(threads: Any) -> tuple[str, ...]:
@@ -104,7 +117,12 @@ class LocalNode:
         """GET /v1/node: the rank processes and their state, read-only."""
         procs = rank_procs(await self.find_procs())
         ranks = [
-            {"pid": p.pid, "rank": rank_of(p.pid, self.proc_root), "role": p.role, "state": p.state}
+            {
+                "pid": p.pid,
+                "rank": rank_of(p.pid, self.proc_root, p.title),
+                "role": p.role,
+                "state": p.state,
+            }
             for p in procs
         ]
         return {"node": self.name, "pyspy": bool(self.pyspy), "ranks": ranks}
@@ -119,7 +137,7 @@ class LocalNode:
         holders = _gpu_holders(nvml)
         samples, stacks, notes = [], {}, []
         for proc, one, two in zip(procs, first, second, strict=True):
-            rank = rank_of(proc.pid, self.proc_root)
+            rank = rank_of(proc.pid, self.proc_root, proc.title)
             state = _state_now(proc, self.proc_root)
             index = holders.get(proc.pid)
             util = _util(nvml, index)

@@ -244,5 +244,7 @@ async def test_four_ranks_one_stopped_and_node_clean_over_dev_shm(tmp_path: Path
                     if path.lstat().st_uid == ODD_UID:
                         path.unlink()
     assert len(made) == 12 and {i.what for i in report.removed} == made, report
-    assert [i for i in report.left if i.kind == "shm"] == [] and report.clean, report
+    # Another UID 1000 process on this shared machine (a vLLM of another test) may hold a
+    # segment in /dev/shm: left as not the engine's; none of the group's may be.
+    assert [i for i in report.left if i.what in made] == [] and report.clean, report
     assert namespaces_left(group.tag) == []

@@ -208,11 +208,9 @@ class GlooGroup:
             "WORLD_SIZE": str(self.world),
         }
         if self.title:
+            # setproctitle zeroes /proc/PID/environ, RANK with it, as it does for vLLM's
+            # titled ranks: the sidecar reads the rank from the title (peers/node.py).
             env["EW_TITLE"] = self.title.format(rank=rank.rank)
-            # setproctitle otherwise writes the title over the environment's memory too, and
-            # /proc/PID/environ (where a sidecar reads RANK) reads back empty: true of vLLM's
-            # titled ranks as well. SPT_NOENV keeps it (the title fits in argv's room).
-            env["SPT_NOENV"] = "1"
         if self.metrics_port and rank.rank == 0:
             env["EW_METRICS_PORT"] = str(self.metrics_port)
         return env
