@@ -8,10 +8,11 @@ tests/tools/gloo_group.py), and the watchdog in each pod as the deployment runs 
 - Pod 0 runs the leader, ``engine-watchdog watch http://127.0.0.1:8000 --peers ...``, which
   finds rank 0 by its port; pod 1 runs ``engine-watchdog peer --pid <rank 1 in its pod>``.
   Both as the engine's UID with CAP_SYS_PTRACE only, as the manifests grant.
-- One group for every fault, in order (each test leaves it stepping again): SIGSTOP of rank 1,
-  rank 1 held out of the collective, SIGSTOP of rank 0 (on the leader's own node). For each:
-  the leader says stalled, its one bundle holds both nodes' real py-spy stacks, and the
-  culprit it names is the right node and rank. Last: the group stopped, nothing of it left.
+- First four pods, a sidecar in each: rank 2 held out of the collective. Then one 2-rank group
+  for every fault, in order (each test leaves it stepping again): SIGSTOP of rank 1, rank 1
+  held out of the collective, SIGSTOP of rank 0 (on the leader's own node). For each: the
+  leader says stalled, its one bundle holds every node's real py-spy stacks, and the culprit
+  it names is the right node and rank. Last: the group stopped, nothing of it left.
 
 Timings (fault -> verdict, fault -> bundle) are printed; docs/multi-node.md records them.
 """
@@ -19,6 +20,7 @@ Timings (fault -> verdict, fault -> bundle) are printed; docs/multi-node.md reco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import tempfile
@@ -53,7 +55,7 @@ TIMINGS: list[str] = []
 class Cluster:
     group: GlooGroup
     leader: Container
-    worker: Container
+    workers: list[Container]
     incidents: Path
     peers: list[str]
     seen: set[Path] = field(default_factory=set)
@@ -87,11 +89,13 @@ def leader_argv(group: GlooGroup, incidents: Path, secret: Path) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+@contextlib.contextmanager
+def sidecar_cluster(world: int) -> Iterator[Cluster]:
+    """``world`` gloo ranks in pods; the leader's watch in pod 0, a peer in every other pod.
+    Leaving it stops everything; nothing of the group may be left."""
     watchdog_python = Path(CONSOLE_SCRIPT).with_name("python")
     with GlooGroup(
-        2, Path(tempfile.gettempdir()), PYTHON, reachable=(watchdog_python,),
+        world, Path(tempfile.gettempdir()), PYTHON, reachable=(watchdog_python,),
         title="VLLM::Worker_TP{rank}", metrics_port=API_PORT,
     ) as group:  # fmt: skip
         group.wait_stepping()
@@ -101,17 +105,25 @@ def cluster() -> Iterator[Cluster]:
         incidents = private_dir(group.workdir, "incidents")
         env = {"PATH": os.environ["PATH"], "HOME": str(incidents)}
         caps = ("sys_ptrace",)
-        worker_argv = [str(CONSOLE_SCRIPT), "peer", "--pid", str(group.ranks[1].pod_pid)]
-        worker = group.run(1, "peer", [*worker_argv, *peer_args(group, 1, secret)],
-                           ENGINE_UID, env=env, caps=caps)  # fmt: skip
+        workers = [
+            group.run(i, "peer", [str(CONSOLE_SCRIPT), "peer", "--pid", str(rank.pod_pid),
+                                  *peer_args(group, i, secret)], ENGINE_UID, env=env, caps=caps)
+            for i, rank in enumerate(group.ranks) if i > 0
+        ]  # fmt: skip
         leader = group.run(0, "watchdog", leader_argv(group, incidents, secret), ENGINE_UID,
                            env=env, caps=caps)  # fmt: skip
         peers = [f"{r.address}:{PEER_PORT}" for r in group.ranks]
         ranks = [psutil.Process(r.host_pid) for r in group.ranks]
-        yield Cluster(group, leader, worker, incidents, peers)
-        print("\n[gloo sidecars] " + " | ".join(TIMINGS))
+        yield Cluster(group, leader, workers, incidents, peers)
     assert namespaces_left(group.tag) == [], "a namespace outlived its group"
     assert not [p for p in ranks if running(p)], "a rank outlived its group"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with sidecar_cluster(2) as started:
+        yield started
+    print("\n[gloo sidecars] " + " | ".join(TIMINGS))
 
 
 def states(container: Container) -> list[dict[str, Any]]:
@@ -139,7 +151,11 @@ async def next_state(c: Cluster, state: str, after: int, timeout: float) -> int:
 
 async def stepping(c: Cluster) -> int:
     """The group steps again and the leader says so: the index of its last transition."""
-    await eventually(lambda: b"(worker) on" in c.worker.log.read_bytes(), 30, what="peer up")
+
+    def peers_up() -> bool:
+        return all(b"(worker) on" in w.log.read_bytes() for w in c.workers)
+
+    await eventually(peers_up, 30, what="every peer up")
     steps = c.group.steps()
     await eventually(lambda: min(c.group.steps()) > min(steps), 30, what="the group stepping")
     docs = states(c.leader)
@@ -209,6 +225,24 @@ def waits_in_all_reduce(manifest: dict[str, Any]) -> bool:
     stacks = manifest["ranks"][0]["stacks"]
     # Native frames (c10d::Work::wait...) come first where py-spy's --native worked.
     return all(any(f.startswith("all_reduce (") for f in s) for s in stacks)
+
+
+async def test_four_ranks_one_out_of_the_collective() -> None:
+    """Four pods, a sidecar in each: rank 2 held out of the collective while ranks 0, 1, 3 wait
+    in all_reduce; the culprit is named with high confidence (three others agree)."""
+    with sidecar_cluster(4) as c:
+        _, bundle = await fault_to_bundle(c, "4 ranks, rank 2 skips", lambda: c.group.skip(2))
+        culprit = json.loads((bundle / "nodes/group.json").read_text())["culprit"]
+        assert (culprit["node"], culprit["rank"], culprit["rule"], culprit["confidence"]) == (
+            c.peers[2], 2, "outside-collective", "high"
+        ), culprit  # fmt: skip
+        manifests = node_manifests(c, bundle)
+        assert all(waits_in_all_reduce(m) for i, m in enumerate(manifests) if i != 2), manifests
+        section = culprit_section(bundle)
+        assert c.peers[2] in section and "rank 2" in section, section
+        c.group.unskip(2)
+        no_secret_anywhere(c)
+    print("\n[gloo sidecars, 4 ranks] " + TIMINGS[-1])
 
 
 async def test_rank_1_stopped_is_named_from_the_leaders_bundle(cluster: Cluster) -> None:
