@@ -114,9 +114,10 @@ def sidecar_cluster(world: int) -> Iterator[Cluster]:
                            env=env, caps=caps)  # fmt: skip
         peers = [f"{r.address}:{PEER_PORT}" for r in group.ranks]
         ranks = [psutil.Process(r.host_pid) for r in group.ranks]
+        ranks += [p for c in (leader, *workers) for p in c.processes()]  # the sidecars too
         yield Cluster(group, leader, workers, incidents, peers)
     assert namespaces_left(group.tag) == [], "a namespace outlived its group"
-    assert not [p for p in ranks if running(p)], "a rank outlived its group"
+    assert not [p for p in ranks if running(p)], "a rank or a sidecar outlived its group"
 
 
 @pytest.fixture(scope="module")
