@@ -19,8 +19,13 @@ Use::
         group.skip(1) / group.unskip(1)       # a rank stays out of the collective
         group.exit(1)                         # a rank leaves (status 3)
         group.heartbeat(0)                    # {"step", "beat", "t", "segments", ...}
-        group.run(0, argv)                    # another container in pod 0 (a sidecar)
+        group.run(0, "sidecar", argv, uid, caps=("sys_ptrace",))  # another container in pod 0
+        group.ranks[1].pod_pid                # the rank's PID in its own pod (--pid there)
         group.kill()                          # SIGKILL every pod's PID 1: the group stopped
+
+``GlooGroup(..., title="VLLM::Worker_TP{rank}", metrics_port=8000)`` titles the ranks as vLLM
+titles its workers and has rank 0 serve a vLLM-shaped /metrics, as the engine a leader's
+watchdog watches (tests/integration/test_multinode_sidecars.py).
 
 Leaving the block (also on an error) kills every process the group started (each in its own
 process group) and deletes every namespace; the veths and the bridge go with them.
