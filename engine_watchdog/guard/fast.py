@@ -2,12 +2,12 @@
 
 Every request goes to the engine on a connection of its own (TLS when the engine is https),
 and its response is parsed by httptools (llhttp, the parser uvicorn uses) from the engine
-connection's ``data_received`` callback: each piece of the body is noted (tokens, for SSE),
-written to the client's transport in the same callback. No task wakes up per chunk, no stream
-reader or writer holds a copy. The request's coroutine sleeps until the body ends, and wakes
-only when the client's buffer is full: the engine's socket is then paused until the client's
-drains (back-pressure: a slow reader slows its own stream, and the guard waits on it, not on
-the engine).
+connection's ``data_received`` callback: the body pieces of each read are noted (tokens, for
+SSE) and written to the client's transport together, in the same callback. No task wakes up
+per chunk, no stream reader or writer holds a copy. The request's coroutine sleeps until the
+body ends, and wakes only when the client's buffer is full: the engine's socket is then paused
+until the client's drains (back-pressure: a slow reader slows its own stream, and the guard
+waits on it, not on the engine).
 
 One connection per request is also what makes an abort exact: closing it is what vLLM takes as
 that request's client gone (``@with_cancellation``), whatever ids the clients sent.
