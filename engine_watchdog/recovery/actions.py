@@ -41,6 +41,8 @@ StepsFactory = Callable[[bool], Sequence[CaptureStep]]
 """destructive -> the capture steps to run."""
 Restarter = Callable[[float], Awaitable[Outcome]]
 """stalled_since -> outcome (supervise mode's ChildEngine.restart)."""
+GroupStop = Callable[[Path | None], Awaitable[Outcome]]
+"""A multi-node leader's stop of every node (runtime/peering.py), given the incident's bundle."""
 PAUSED_TIMEOUT_S = 2.0
 
 
@@ -91,6 +93,7 @@ class EngineActions:
         on_bundle: Callable[[str, str, str], None] | None = None,
         hand_off: Callable[[Path], None] | None = None,
         pod_log: Callable[[], Awaitable[bytes]] | None = None,
+        stop_group: GroupStop | None = None,
     ) -> None:
         self.engine = engine
         self.capture_settings = capture
@@ -102,6 +105,8 @@ class EngineActions:
         """Given each finished bundle's path (--bundle-command); returns at once."""
         self.pod_log = pod_log
         """Reads the engine container's log through the Kubernetes API (--pod-log)."""
+        self.stop_group = stop_group
+        """Every node of a multi-node group stopped and checked before this one restarts."""
         self.last_bundle: str | None = None
 
     async def capture(self, verdict: Verdict, destructive: bool) -> Outcome:
@@ -144,6 +149,17 @@ class EngineActions:
         return await abort_requests(e.session, e.connection, e.profile, ids)
 
     async def restart(self, stalled_since: float) -> Outcome:
+        """A group's nodes first (all stopped and checked), then this engine's own restart."""
+        if self.stop_group is None:
+            return await self._restart_own(stalled_since)
+        group = await self.stop_group(Path(self.last_bundle) if self.last_bundle else None)
+        own = await self._restart_own(stalled_since)
+        if own.result == Result.SKIPPED and self.restarter is None:
+            # The group stop ended the engine core: whatever runs the engine restarts it.
+            own = Outcome(Result.OK, f"{own.detail}; ended by the group stop")
+        return Outcome(own.result, f"{group.detail}; then {own.detail}")
+
+    async def _restart_own(self, stalled_since: float) -> Outcome:
         if self.restarter is not None:
             done = await self.restarter(stalled_since)
         elif self.recovery.restart_command:
