@@ -150,36 +150,37 @@ class EngineActions:
 
     async def restart(self, stalled_since: float) -> Outcome:
         """A group's nodes first (all stopped and checked), then this engine's own restart."""
-        if self.stop_group is None:
-            return await self._restart_own(stalled_since)
-        group = await self.stop_group(Path(self.last_bundle) if self.last_bundle else None)
-        own = await self._restart_own(stalled_since)
-        if own.result == Result.SKIPPED and self.restarter is None:
+        group = None
+        if self.stop_group is not None:
+            group = await self.stop_group(Path(self.last_bundle) if self.last_bundle else None)
+        done = await self._restart_own(stalled_since)
+        killing = self.restarter is None and not self.recovery.restart_command
+        if group is not None and killing and done.result == Result.SKIPPED:
             # The group stop ended the engine core: whatever runs the engine restarts it.
-            own = Outcome(Result.OK, f"{own.detail}; ended by the group stop")
-        return Outcome(own.result, f"{group.detail}; then {own.detail}")
-
-    async def _restart_own(self, stalled_since: float) -> Outcome:
-        if self.restarter is not None:
-            done = await self.restarter(stalled_since)
-        elif self.recovery.restart_command:
-            done = await run_restart_command(
-                self.recovery.restart_command,
-                self.recovery.restart_timeout_s,
-                self.capture_settings.incident_dir / RESTART_LOG,
-            )
-        else:
-            procs = await self.engine.find_procs()
-            uid = self.recovery.engine_uid
-            owner = Owner(
-                os.getuid() if uid is None else uid, self.engine.profile.launcher_cmdline_markers
-            )
-            done = await asyncio.to_thread(kill_engine_core, procs, stalled_since, owner)
+            done = Outcome(Result.OK, f"{done.detail}; ended by the group stop")
         if done.result == Result.OK:  # what follows is a start-up we caused, not a death
             # Supervise mode's restarter has started the next engine before it returns.
             replaced = self.restarter is not None
             self.engine.note_restart(f"restarted by the watchdog: {done.detail}", replaced)
-        return done
+        return (
+            done if group is None else Outcome(done.result, f"{group.detail}; then {done.detail}")
+        )
+
+    async def _restart_own(self, stalled_since: float) -> Outcome:
+        if self.restarter is not None:
+            return await self.restarter(stalled_since)
+        if self.recovery.restart_command:
+            return await run_restart_command(
+                self.recovery.restart_command,
+                self.recovery.restart_timeout_s,
+                self.capture_settings.incident_dir / RESTART_LOG,
+            )
+        procs = await self.engine.find_procs()
+        uid = self.recovery.engine_uid
+        owner = Owner(
+            os.getuid() if uid is None else uid, self.engine.profile.launcher_cmdline_markers
+        )
+        return await asyncio.to_thread(kill_engine_core, procs, stalled_since, owner)
 
     async def paused(self) -> bool:
         """vLLM dev mode's /is_paused; it waits on a hung engine's loop, so a timeout is 'no'."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine_watchdog.host.tools import resolve_tools
-from tests.tools.group_restart import run_scenario
+from tests.tools.group_restart import SECRET, run_scenario
 
 pytestmark = pytest.mark.skipif(not resolve_tools().get("py-spy"), reason="py-spy not installed")
 
@@ -39,6 +39,9 @@ async def test_a_stopped_rank_leads_to_one_bundle_and_one_clean_group_restart(
         removed = [i["what"] for i in report["clean"]["removed"] if i["kind"] == "shm"]
         assert len(removed) == 2 and all("/nccl-sim-" in w for w in removed), removed
     assert out.leaked_procs == [] and out.leaked_shm == []
+    for path in tmp_path.rglob("*"):  # the logs, the bundle, the history: never the secret
+        if path.is_file() and path.parent.name != "secret":
+            assert SECRET.encode() not in path.read_bytes(), path
 
 
 async def test_a_node_that_does_not_answer_the_restart_order_is_named_unverified(

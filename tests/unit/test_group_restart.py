@@ -87,3 +87,50 @@ def test_the_record_says_every_node_and_names_the_unverified(tmp_path: Path) -> 
 def test_the_shm_root_is_dev_shm_unless_the_variable_says() -> None:
     assert shm_root_from({}) == Path("/dev/shm")
     assert shm_root_from({"ENGINE_WATCHDOG_SHM_ROOT": "/mnt/shm"}) == Path("/mnt/shm")
+
+
+class Engine:
+    """What the restart needs of the engine: no process left (the group stop ended them)."""
+
+    profile = type("Profile", (), {"launcher_cmdline_markers": ()})()
+    noted: list[str] = []
+
+    async def find_procs(self) -> tuple[ProcInfo, ...]:
+        return ()
+
+    def note_restart(self, detail: str, replaced: bool = False) -> None:
+        self.noted.append(detail)
+
+
+async def test_the_group_stop_comes_first_and_the_record_says_both(tmp_path: Path) -> None:
+    from engine_watchdog.core.model import Outcome
+    from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
+    from engine_watchdog.recovery.actions import EngineActions
+
+    order: list[str] = []
+
+    async def stop_group(bundle: Path | None) -> Outcome:
+        order.append(f"group {bundle}")
+        return Outcome(Result.FAILED, "group NOT verified clean (node-b): ...")
+
+    async def restarter(since: float) -> Outcome:
+        order.append("child")
+        return Outcome(Result.OK, "engine restarted (pid 7)")
+
+    engine: Any = Engine()
+    capture = CaptureSettings(incident_dir=tmp_path)
+    run_mode = EngineActions(engine, capture, RecoverySettings(), lambda d: [], restarter,
+                             stop_group=stop_group)  # fmt: skip
+    run_mode.last_bundle = str(tmp_path / "bundle")
+    done = await run_mode.restart(0.0)
+    assert order == [f"group {tmp_path / 'bundle'}", "child"]
+    assert done == Outcome(
+        Result.OK, "group NOT verified clean (node-b): ...; then engine restarted (pid 7)"
+    )
+    # watch: the engine core is gone already (the group stop ended it); its supervisor restarts
+    # it, and the watchdog treats what follows as the restart it caused.
+    watch = EngineActions(engine, capture, RecoverySettings(), lambda d: [], None,
+                          stop_group=stop_group)  # fmt: skip
+    done = await watch.restart(0.0)
+    assert done.result is Result.OK and "ended by the group stop" in done.detail
+    assert len(engine.noted) == 2
