@@ -229,14 +229,7 @@ def _end(
     procs: ProcessList, mine: list[HostProc], gpu_pids: set[int], grace_s: float
 ) -> list[CleanItem]:
     """End the engine's live processes (zombies are their parents' to reap); report each."""
-    live = [p for p in mine if p.status != "zombie"]
-    for sig in (signal.SIGCONT, signal.SIGTERM):
-        for proc in live:
-            procs.signal(proc, sig)
-    stubborn = _wait_gone(procs, live, grace_s)
-    for proc in stubborn:
-        procs.signal(proc, signal.SIGKILL)
-    left = _wait_gone(procs, stubborn, KILL_WAIT_S)
+    stubborn, left = end_processes(procs, [p for p in mine if p.status != "zombie"], grace_s)
     items = []
     for proc in mine:
         kind: ItemKind = "gpu-process" if proc.pid in gpu_pids else "process"
@@ -250,6 +243,21 @@ def _end(
             why = f"the engine's, still running after the stop: ended ({how})"
             items.append(CleanItem(kind, _name(proc), True, why, True, proc.pid, proc.uid))
     return items
+
+
+def end_processes(
+    procs: ProcessList, live: Sequence[HostProc], grace_s: float = GRACE_S
+) -> tuple[list[HostProc], list[HostProc]]:
+    """SIGCONT (a stopped process cannot act on SIGTERM), SIGTERM, SIGKILL after ``grace_s``;
+    only the listed processes, each checked by PID and start time. Returns (those that needed
+    SIGKILL, those that survived it). Blocking."""
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        for proc in live:
+            procs.signal(proc, sig)
+    stubborn = _wait_gone(procs, list(live), grace_s)
+    for proc in stubborn:
+        procs.signal(proc, signal.SIGKILL)
+    return stubborn, _wait_gone(procs, stubborn, KILL_WAIT_S)
 
 
 def _wait_gone(procs: ProcessList, which: list[HostProc], timeout_s: float) -> list[HostProc]:
