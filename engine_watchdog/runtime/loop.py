@@ -6,14 +6,12 @@ the guard's CPU per event is 0.78-0.89 of what it is on asyncio's loop, about wh
 relay costs on asyncio's (docs/performance.md). Without a guard the watchdog does a few probe
 rounds a second, where the loop's cost is nothing, so it keeps the standard loop there.
 
-It also hands the C heap's free pages back once start-up is over (:func:`release_freed_memory`),
-and keeps the threads of the blocking calls, and their heaps, few (:func:`bound_blocking`).
+It also hands the C heap's free pages back once start-up is over (:func:`release_freed_memory`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import ctypes
 import importlib.util
 from collections.abc import Coroutine
@@ -48,30 +46,6 @@ def run(main: Coroutine[Any, Any, int], process: ProcessSettings) -> int:
     import uvloop
 
     return uvloop.run(main)
-
-
-M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
-ARENAS = 2
-
-
-def blocking_threads(targets: int) -> int:
-    """Threads for the blocking calls (psutil, NVML, bundle writes): a round of one engine uses
-    a few at once. asyncio's default is min(32, cores + 4), 20 on a 16-core GPU node."""
-    return min(32, 4 + 2 * targets)
-
-
-def bound_blocking(targets: int) -> None:
-    """A bounded pool for ``asyncio.to_thread`` and at most :data:`ARENAS` glibc heaps for its
-    threads. glibc gives threads heaps of their own, up to 8 per core: each thread that ever
-    allocated keeps one, pages and all, so on the H200's 16-core node the watch held more
-    memory than on 2 cores for the same work (docs/performance.md)."""
-    asyncio.get_running_loop().set_default_executor(
-        concurrent.futures.ThreadPoolExecutor(blocking_threads(targets), "blocking")
-    )
-    try:
-        ctypes.CDLL(None).mallopt(M_ARENA_MAX, ARENAS)
-    except (OSError, AttributeError):  # not glibc: its own allocator, nothing to bound
-        return
 
 
 def release_freed_memory() -> None:

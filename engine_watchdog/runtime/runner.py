@@ -29,7 +29,7 @@ from engine_watchdog.recovery.supervise import OUTPUT_DRAIN_S, STOP_GRACE_S
 from engine_watchdog.report.console import verdict_dict
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.runtime.assembly import ConsoleReporter, Target, Task, assemble
-from engine_watchdog.runtime.loop import bound_blocking, release_freed_memory
+from engine_watchdog.runtime.loop import release_freed_memory
 from engine_watchdog.runtime.server import make_app, start_server
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
 from engine_watchdog.runtime.supervisor import ActionListener
@@ -179,7 +179,6 @@ async def _assemble_all(
     action_listeners: list[ActionListener] | None,
 ) -> None:
     """Every target, into ``targets`` as it is made (closed by the caller, also on failure)."""
-    bound_blocking(len(many))
     try:
         for s in many:
             targets.append(
