@@ -17,6 +17,8 @@ was measured against, 32.2 us/event vs 25.3 at 256 streams, is gone). ``--asynci
 on asyncio's loop instead of uvloop (``--guard-loop asyncio``), ``--naive`` a 30-line aiohttp
 pass-through, ``--floor`` the byte relays that do only what every proxy must (benchmarks/relays.py);
 ``--rate`` takes one rate, or one per load (a simulator of its own for each rate).
+``--baseline DIR`` also the guard run from another checkout's code (``guard-baseline``: e.g. a
+``git worktree`` of the commit before a change), in the same run: a before/after in one run.
 """
 
 from __future__ import annotations
@@ -154,6 +156,8 @@ PROXIES = {
 }
 """The guard's options: as installed, on asyncio's loop; also measured: the
 naive pass-through and the floor relays (benchmarks/relays.py)."""
+BASELINE = [""]
+"""--baseline: the checkout whose code ``guard-baseline`` runs."""
 
 
 @contextlib.asynccontextmanager
@@ -163,6 +167,10 @@ async def guard_process(upstream: str, name: str) -> AsyncIterator[tuple[str, ps
     argv = [str(CONSOLE_SCRIPT), "guard", upstream, "--guard-listen", f"127.0.0.1:{port}"]
     argv += ["--listen", f"127.0.0.1:{free_port()}", "--no-gpu", "--action", "none"]
     argv += PROXIES.get(name, ())
+    env, cwd = None, None
+    if name == "guard-baseline":  # the same guard, another checkout's code
+        argv[:1] = [sys.executable, "-m", "engine_watchdog"]
+        env, cwd = {**os.environ, "PYTHONPATH": BASELINE[0]}, BASELINE[0]
     if name == "naive":
         argv = [sys.executable, "-m", "benchmarks.naive_proxy", upstream, str(port)]
     elif name in relays.NAMES:
@@ -171,7 +179,7 @@ async def guard_process(upstream: str, name: str) -> AsyncIterator[tuple[str, ps
         argv = proxy_peers.argv(name, URL(upstream).port or 80, port)
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
+        start_new_session=True, env=env, cwd=cwd,
     )  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"
@@ -282,6 +290,9 @@ async def main_async(args: argparse.Namespace) -> None:
     loads = [int(n) for n in args.streams.split(",")]
     MAX_TOKENS[0] = args.max_tokens
     names = ["guard", *(["guard-asyncio"] * args.asyncio)]
+    if args.baseline:
+        BASELINE[0] = str(Path(args.baseline).resolve())  # noqa: ASYNC240 (at start only)
+        names.append("guard-baseline")
     names += ["naive"] * args.naive
     names += list(relays.NAMES) if args.floor else []
     CLIENT_PROCS[0] = args.client_procs
@@ -339,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--asyncio", action="store_true", help="also the guard on asyncio's loop")
     parser.add_argument("--floor", action="store_true", help="also the byte relays (C, asyncio)")
     parser.add_argument("--peers", action="store_true", help="also nginx and HAProxy")
+    parser.add_argument("--baseline", help="also the guard of this checkout's code")
     parser.add_argument("--client-procs", type=int, default=1, help="client processes")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS[0])
     parser.add_argument("--vllm", action="store_true", help="start the e2e tests' CPU vLLM")

@@ -33,12 +33,22 @@ PEER_PIDS = One(
     default=(),
 )
 PEER_PY_SPY = One(PY_SPY_OPT)
+PEER_ENGINE_UID = One(
+    Opt(
+        "--engine-uid",
+        "engine_uid",
+        "The engine's UID: only its rank processes are stopped on a restart order "
+        "[default: the sidecar's own].",
+        click.IntRange(min=0),
+    )
+)
 
 
 @click.command("peer")
 @PEER_ENGINE
 @PEER_PIDS
 @PEER_PY_SPY
+@PEER_ENGINE_UID
 @PEERS
 def peer_command(**kw: Any) -> None:
     """Answer the group leader's capture orders for this node's ranks (docs/multi-node.md).
@@ -52,6 +62,9 @@ def peer_command(**kw: Any) -> None:
     profile = PROFILES[PEER_ENGINE.take(kw)]
     pids = tuple(PEER_PIDS.take(kw))
     py_spy = PEER_PY_SPY.take(kw)
+    engine_uid = PEER_ENGINE_UID.take(kw)
     peers = PEERS.take(kw)
     all_consumed(kw)
-    sys.exit(run_loop(run_peer(peers, profile, pids, py_spy), ProcessSettings(listen=None)))
+    sys.exit(
+        run_loop(run_peer(peers, profile, pids, py_spy, engine_uid), ProcessSettings(listen=None))
+    )

@@ -112,17 +112,20 @@ class LocalNode:
         self.gpu = gpu
         self.interval_s = interval_s
         self.proc_root = proc_root
+        self._ranks: dict[int, int] = {}
+        """PID -> rank, as last read: a rank that died since is still named by its number."""
+
+    def rank(self, pid: int, title: str = "") -> int:
+        found = rank_of(pid, self.proc_root, title)
+        if found >= 0:
+            self._ranks[pid] = found
+        return self._ranks.get(pid, found)
 
     async def describe(self) -> dict[str, Any]:
         """GET /v1/node: the rank processes and their state, read-only."""
         procs = rank_procs(await self.find_procs())
         ranks = [
-            {
-                "pid": p.pid,
-                "rank": rank_of(p.pid, self.proc_root, p.title),
-                "role": p.role,
-                "state": p.state,
-            }
+            {"pid": p.pid, "rank": self.rank(p.pid, p.title), "role": p.role, "state": p.state}
             for p in procs
         ]
         return {"node": self.name, "pyspy": bool(self.pyspy), "ranks": ranks}
@@ -130,14 +133,18 @@ class LocalNode:
     async def capture(self, budget_s: float) -> NodeCapture:
         """Two py-spy samples of every rank and one NVML snapshot, within ``budget_s``."""
         deadline = time.monotonic() + budget_s
-        procs = rank_procs(await self.find_procs())
+        found = await self.find_procs()
+        procs = rank_procs(found)
+        # A rank given by --pid that has died is evidence (the culprit, often), not nothing.
+        dead = [RankSample(self.name, self.rank(p.pid), p.pid, RankState.DEAD)
+                for p in found if p.state == "gone"]  # fmt: skip
         gpu_task = asyncio.ensure_future(self._nvml(procs))
         first, second = await self._two_samples(procs, deadline)
         nvml = await gpu_task
         holders = _gpu_holders(nvml)
         samples, stacks, notes = [], {}, []
         for proc, one, two in zip(procs, first, second, strict=True):
-            rank = rank_of(proc.pid, self.proc_root, proc.title)
+            rank = self.rank(proc.pid, proc.title)
             state = _state_now(proc, self.proc_root)
             index = holders.get(proc.pid)
             util = _util(nvml, index)
@@ -151,7 +158,7 @@ class LocalNode:
             ]
         if not procs:
             notes.append("no engine rank process found on this node (--engine, --pid)")
-        report = NodeReport(self.name, True, tuple(samples))
+        report = NodeReport(self.name, True, tuple(samples + dead))
         return NodeCapture(report, stacks, nvml, tuple(notes))
 
     async def _two_samples(

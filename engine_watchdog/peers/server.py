@@ -6,8 +6,9 @@ is done):
 - ``GET /v1/node``: this node's rank processes and their state (read-only);
 - ``POST /v1/capture``: sample the ranks now (node.py) and answer the capture as JSON
   (wire.py); body ``{"budget_s": N}``, clamped to [1, 120] s;
-- ``POST /v1/restart``: stop this node's engine ranks through the hook given at construction
-  (the node cleanup after it is the hook's business); 501 where none was given.
+- ``POST /v1/restart``: stop this node's engine ranks and check the node clean through the
+  hook given at construction (peers/restart.py); its answer ``{"ok": true, "result": ...}``;
+  501 where none was given.
 
 Nothing else is writable. The access log is off (it would print the Authorization header's
 neighbours and nothing useful), and no answer or log line names the secret.
@@ -19,6 +20,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -30,8 +32,9 @@ from engine_watchdog.peers.wire import capture_json
 
 log = logging.getLogger(__name__)
 
-RestartHook = Callable[[], Awaitable[str]]
-"""Stops this node's engine ranks; returns one line saying what it did (raises on failure)."""
+RestartHook = Callable[[], Awaitable[dict[str, Any]]]
+"""Stops this node's engine ranks and checks the node (peers/restart.py's NodeRestart);
+returns what it did as JSON-able data (raises on failure)."""
 MAX_BODY_BYTES = 64 * 1024
 MIN_BUDGET_S, MAX_BUDGET_S, DEFAULT_BUDGET_S = 1.0, 120.0, 30.0
 UNAUTHORISED = "engine-watchdog peer: missing or wrong Authorization: Bearer (--peer-secret-file)"
@@ -74,11 +77,11 @@ def make_peer_app(
         if restart is None:
             return web.json_response({"error": "no restart on this node"}, status=501)
         try:
-            detail = await restart()
+            result = await restart()
         except Exception as e:  # the hook's failure is the answer, not a 500 page
             failed = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
             return web.json_response(failed, status=500)
-        return web.json_response({"ok": True, "detail": detail})
+        return web.json_response({"ok": True, "result": result})
 
     app = web.Application(middlewares=[guard], client_max_size=MAX_BODY_BYTES)
     app.router.add_get("/v1/node", node_info)

@@ -41,6 +41,8 @@ StepsFactory = Callable[[bool], Sequence[CaptureStep]]
 """destructive -> the capture steps to run."""
 Restarter = Callable[[float], Awaitable[Outcome]]
 """stalled_since -> outcome (supervise mode's ChildEngine.restart)."""
+GroupStop = Callable[[Path | None], Awaitable[Outcome]]
+"""A multi-node leader's stop of every node (runtime/peering.py), given the incident's bundle."""
 PAUSED_TIMEOUT_S = 2.0
 
 
@@ -91,6 +93,7 @@ class EngineActions:
         on_bundle: Callable[[str, str, str], None] | None = None,
         hand_off: Callable[[Path], None] | None = None,
         pod_log: Callable[[], Awaitable[bytes]] | None = None,
+        stop_group: GroupStop | None = None,
     ) -> None:
         self.engine = engine
         self.capture_settings = capture
@@ -102,6 +105,8 @@ class EngineActions:
         """Given each finished bundle's path (--bundle-command); returns at once."""
         self.pod_log = pod_log
         """Reads the engine container's log through the Kubernetes API (--pod-log)."""
+        self.stop_group = stop_group
+        """Every node of a multi-node group stopped and checked before this one restarts."""
         self.last_bundle: str | None = None
 
     async def capture(self, verdict: Verdict, destructive: bool) -> Outcome:
@@ -144,26 +149,38 @@ class EngineActions:
         return await abort_requests(e.session, e.connection, e.profile, ids)
 
     async def restart(self, stalled_since: float) -> Outcome:
-        if self.restarter is not None:
-            done = await self.restarter(stalled_since)
-        elif self.recovery.restart_command:
-            done = await run_restart_command(
-                self.recovery.restart_command,
-                self.recovery.restart_timeout_s,
-                self.capture_settings.incident_dir / RESTART_LOG,
-            )
-        else:
-            procs = await self.engine.find_procs()
-            uid = self.recovery.engine_uid
-            owner = Owner(
-                os.getuid() if uid is None else uid, self.engine.profile.launcher_cmdline_markers
-            )
-            done = await asyncio.to_thread(kill_engine_core, procs, stalled_since, owner)
+        """A group's nodes first (all stopped and checked), then this engine's own restart."""
+        group = None
+        if self.stop_group is not None:
+            group = await self.stop_group(Path(self.last_bundle) if self.last_bundle else None)
+        done = await self._restart_own(stalled_since)
+        killing = self.restarter is None and not self.recovery.restart_command
+        if group is not None and killing and done.result == Result.SKIPPED:
+            # The group stop ended the engine core: whatever runs the engine restarts it.
+            done = Outcome(Result.OK, f"{done.detail}; ended by the group stop")
         if done.result == Result.OK:  # what follows is a start-up we caused, not a death
             # Supervise mode's restarter has started the next engine before it returns.
             replaced = self.restarter is not None
             self.engine.note_restart(f"restarted by the watchdog: {done.detail}", replaced)
-        return done
+        return (
+            done if group is None else Outcome(done.result, f"{group.detail}; then {done.detail}")
+        )
+
+    async def _restart_own(self, stalled_since: float) -> Outcome:
+        if self.restarter is not None:
+            return await self.restarter(stalled_since)
+        if self.recovery.restart_command:
+            return await run_restart_command(
+                self.recovery.restart_command,
+                self.recovery.restart_timeout_s,
+                self.capture_settings.incident_dir / RESTART_LOG,
+            )
+        procs = await self.engine.find_procs()
+        uid = self.recovery.engine_uid
+        owner = Owner(
+            os.getuid() if uid is None else uid, self.engine.profile.launcher_cmdline_markers
+        )
+        return await asyncio.to_thread(kill_engine_core, procs, stalled_since, owner)
 
     async def paused(self) -> bool:
         """vLLM dev mode's /is_paused; it waits on a hung engine's loop, so a timeout is 'no'."""

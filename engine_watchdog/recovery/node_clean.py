@@ -49,8 +49,11 @@ REPORT_FILE = "node-clean.json"
 GRACE_S = 5.0
 KILL_WAIT_S = 5.0
 POLL_S = 0.05
+GPU_RELEASE_S = 15.0
+"""How long NVML may go on listing a GPU process after it ended before its memory counts as
+held (the driver tears the context down after the process)."""
 
-ItemKind = Literal["gpu-process", "process", "zombie", "shm"]
+ItemKind = Literal["gpu-process", "gpu-memory", "process", "zombie", "shm"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ def clean_node(
     shm_root: Path = Path("/dev/shm"),
     patterns: Sequence[str] = SHM_PATTERNS,
     grace_s: float = GRACE_S,
+    gpu_release_s: float = GPU_RELEASE_S,
 ) -> CleanReport:
     """Check the node after the engine's ranks were stopped, and remove the engine's leftovers
     (see the module docstring). Blocking."""
@@ -134,8 +138,25 @@ def clean_node(
     gpu_pids = _gpu_pids(nvml, errors)
     items = [_foreign_gpu(pid, table, engine) for pid in sorted(gpu_pids - set(mine))]
     items += _end(procs, [mine[pid] for pid in sorted(mine)], gpu_pids, grace_s)
+    ended = {i.pid for i in items if i.kind == "gpu-process" and i.removed and i.pid is not None}
+    items += _gpu_released(nvml, ended, gpu_release_s)
     items += _clean_shm(engine.uid, procs, shm_root, patterns, errors)
     return CleanReport(tuple(items), tuple(errors))
+
+
+def _gpu_released(nvml: Any | None, ended: set[int], timeout_s: float) -> list[CleanItem]:
+    """Wait until NVML no longer lists the GPU processes just ended: the driver tears a CUDA
+    context down after its process has gone (on an H200, NVML still listed a SIGTERMed worker
+    50 ms after it exited: docs/gpu-verification.md). One still listed is GPU memory left."""
+    deadline = time.monotonic() + timeout_s
+    still = set(ended)
+    while still and nvml is not None:
+        still &= _gpu_pids(nvml, [])
+        if not still or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    why = f"NVML still lists it on a GPU {timeout_s:g} s after it ended: GPU memory held"
+    return [CleanItem("gpu-memory", f"PID {pid}", False, why, True, pid) for pid in sorted(still)]
 
 
 def engine_processes(engine: EngineRef, table: Mapping[int, HostProc]) -> dict[int, HostProc]:
@@ -208,14 +229,7 @@ def _end(
     procs: ProcessList, mine: list[HostProc], gpu_pids: set[int], grace_s: float
 ) -> list[CleanItem]:
     """End the engine's live processes (zombies are their parents' to reap); report each."""
-    live = [p for p in mine if p.status != "zombie"]
-    for sig in (signal.SIGCONT, signal.SIGTERM):
-        for proc in live:
-            procs.signal(proc, sig)
-    stubborn = _wait_gone(procs, live, grace_s)
-    for proc in stubborn:
-        procs.signal(proc, signal.SIGKILL)
-    left = _wait_gone(procs, stubborn, KILL_WAIT_S)
+    stubborn, left = end_processes(procs, [p for p in mine if p.status != "zombie"], grace_s)
     items = []
     for proc in mine:
         kind: ItemKind = "gpu-process" if proc.pid in gpu_pids else "process"
@@ -229,6 +243,21 @@ def _end(
             why = f"the engine's, still running after the stop: ended ({how})"
             items.append(CleanItem(kind, _name(proc), True, why, True, proc.pid, proc.uid))
     return items
+
+
+def end_processes(
+    procs: ProcessList, live: Sequence[HostProc], grace_s: float = GRACE_S
+) -> tuple[list[HostProc], list[HostProc]]:
+    """SIGCONT (a stopped process cannot act on SIGTERM), SIGTERM, SIGKILL after ``grace_s``;
+    only the listed processes, each checked by PID and start time. Returns (those that needed
+    SIGKILL, those that survived it). Blocking."""
+    for sig in (signal.SIGCONT, signal.SIGTERM):
+        for proc in live:
+            procs.signal(proc, sig)
+    stubborn = _wait_gone(procs, list(live), grace_s)
+    for proc in stubborn:
+        procs.signal(proc, signal.SIGKILL)
+    return stubborn, _wait_gone(procs, stubborn, KILL_WAIT_S)
 
 
 def _wait_gone(procs: ProcessList, which: list[HostProc], timeout_s: float) -> list[HostProc]:

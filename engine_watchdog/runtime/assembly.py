@@ -28,7 +28,7 @@ from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.guard.stats import GuardCollector
 from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.probes.procs import url_port
-from engine_watchdog.recovery.actions import EngineActions
+from engine_watchdog.recovery.actions import EngineActions, GroupStop
 from engine_watchdog.recovery.handoff import BundleHandOff
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.orphans import end_orphan, pid_file
@@ -138,8 +138,9 @@ async def assemble(
         child = await _start_child(settings, command, bus.exits.publish, echo_engine)
         tasks[f"engine-exits:{settings.url}"] = child.watch_exits()
     fan_out = peering.capture_steps() if peering is not None else []
+    group_stop = peering.group_stop() if peering is not None else None
     supervisor = _supervisor(
-        settings, watcher, metrics, history, child, guard, bus, pushers, fan_out
+        settings, watcher, metrics, history, child, guard, bus, pushers, (fan_out, group_stop)
     )
     if supervisor:
         reporters.append(supervisor)
@@ -235,11 +236,12 @@ def _supervisor(
     guard: Guard | None,
     bus: Channels,
     pushers: list[Pusher],
-    fan_out: list[CaptureStep],
+    peers: tuple[list[CaptureStep], GroupStop | None],
 ) -> Supervisor | None:
     """The one decider; in run mode always (the child's exits are its to decide)."""
     if not settings.policy.actions and guard is None and child is None:
         return None
+    fan_out, group_stop = peers
     capture = settings.capture
     if capture.engine_log is None and child is not None:
         capture = replace(capture, engine_log=child.log_path)
@@ -256,6 +258,7 @@ def _supervisor(
         on_bundle=metrics.count_incident,
         hand_off=_hand_off(settings, history),
         pod_log=pod_log(capture, watcher.session),
+        stop_group=group_stop,
     )
 
     def count(target: str, action: Action, phase: str, outcome: Outcome | None) -> None:

@@ -5,11 +5,14 @@ streamed event is a read, a write and a pass through the loop. On uvloop (libuv,
 the guard's CPU per event is 0.78-0.89 of what it is on asyncio's loop, about what a bare byte
 relay costs on asyncio's (docs/performance.md). Without a guard the watchdog does a few probe
 rounds a second, where the loop's cost is nothing, so it keeps the standard loop there.
+
+It also hands the C heap's free pages back once start-up is over (:func:`release_freed_memory`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import importlib.util
 from collections.abc import Coroutine
 from typing import Any
@@ -43,3 +46,18 @@ def run(main: Coroutine[Any, Any, int], process: ProcessSettings) -> int:
     import uvloop
 
     return uvloop.run(main)
+
+
+def release_freed_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``).
+
+    Start-up leaves garbage that glibc keeps: imports compiled from source where no ``.pyc``
+    exists (an image built without them, a read-only tree), NVML's initialisation, the first
+    GPM pair. Measured (docs/performance.md): the imports of ``watch`` compiled from source leave
+    62 MB of RSS on the 2-core machine, 50 MB after this, against 47 MB with ``.pyc`` files.
+    Elsewhere (musl, macOS) there is no such call and nothing to do."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)

@@ -13,13 +13,14 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
 from engine_watchdog.capture.step import CaptureStep
-from engine_watchdog.core.model import ProcInfo
+from engine_watchdog.core.model import Outcome, ProcInfo
 from engine_watchdog.core.settings import (
     PeerSettings,
     Secret,
@@ -33,7 +34,9 @@ from engine_watchdog.host.tools import tools_with
 from engine_watchdog.peers.auth import SECRET_VAR, load_secret
 from engine_watchdog.peers.discovery import GroupView, group_view
 from engine_watchdog.peers.fanout import peers_step
+from engine_watchdog.peers.group_restart import outcome, stop_group, write_reports
 from engine_watchdog.peers.node import FindProcs, LocalNode
+from engine_watchdog.peers.restart import NodeRestart, shm_root_from
 from engine_watchdog.peers.server import PeerServer, RestartHook, make_peer_app
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import sample_procs_async, url_port
@@ -41,6 +44,8 @@ from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
 from engine_watchdog.runtime.watcher import Watcher
 
 log = logging.getLogger(__name__)
+GroupStop = Callable[[Path | None], Awaitable[Outcome]]
+"""bundle dir (or None) -> every node's stop and check (the leader's restart rung)."""
 
 
 @dataclass
@@ -53,6 +58,29 @@ class Peering:
     server: PeerServer
     session: aiohttp.ClientSession
     deadline_s: float
+    restart: RestartHook | None = None
+    """This node's stop and check (peers/restart.py); the leader runs its own in-process."""
+    lws: bool = False
+    """The group is LeaderWorkerSet's: LWS recreates every pod, no group stop is ordered."""
+
+    def group_stop(self) -> GroupStop | None:
+        """The leader's group stop before its own restart (run mode, bare metal with --peers);
+        None on a worker, without a hook, and on LWS (RecreateGroupOnPodRestart restarts every
+        pod when the leader's engine container restarts, each with an empty /dev/shm)."""
+        own = self.restart
+        if self.view.role != "leader" or self.lws or own is None:
+            return None
+
+        async def stop(bundle: Path | None) -> Outcome:
+            stops = await stop_group(self.view, own, self.session, self.secret, self.deadline_s)
+            if bundle is not None:
+                try:
+                    await asyncio.to_thread(write_reports, bundle, stops)
+                except OSError as exc:  # the record below still says it all
+                    log.warning("node-clean reports not written into %s: %s", bundle, exc)
+            return outcome(stops)
+
+        return stop
 
     def capture_steps(self) -> list[CaptureStep]:
         """The leader's fan-out step; none on a worker (it answers, it does not order)."""
@@ -89,7 +117,7 @@ async def start_peering(
     gpu: GpuProbe | None,
     *,
     ports: Mapping[int, str] | None = None,
-    restart: RestartHook | None = None,
+    engine_uid: int | None = None,
     env: Mapping[str, str] = os.environ,
 ) -> Peering | None:
     """This node's peering, its endpoint listening; None outside a group. SettingsError (one
@@ -112,6 +140,7 @@ async def start_peering(
     validate_peers(peers, dict(ports or {}))
     secret = load_secret(peers.secret_file, env)
     local = LocalNode(view.me.name, local_of, tools_with(py_spy).get("py-spy"), gpu)
+    restart = node_restart(local_of, engine_uid, env)
     server = PeerServer(make_peer_app(local, secret, restart), peers.bind, peers.port)
     try:
         await server.start()
@@ -119,7 +148,21 @@ async def start_peering(
         raise SettingsError(
             f"--peer-port {peers.port} on {peers.bind}: {exc.strerror or exc}; give a free port"
         ) from None
-    return Peering(view, secret, local, server, session, peers.deadline_s)
+    try:  # the ranks' numbers read now, while they live (a rank that dies is still named)
+        await local.describe()
+    except Exception as exc:  # an engine not started yet: read at the first order instead
+        log.debug("ranks not read at start: %r", exc)
+    lws = not peers.peers
+    return Peering(view, secret, local, server, session, peers.deadline_s, restart, lws)
+
+
+def node_restart(
+    local_of: FindProcs, engine_uid: int | None, env: Mapping[str, str]
+) -> RestartHook:
+    """This node's restart hook: its ranks (those a capture samples) of the engine's UID
+    (--engine-uid, else ours) stopped, then the node checked with the NVML module."""
+    uid = os.getuid() if engine_uid is None else engine_uid
+    return NodeRestart(local_of, uid, load_nvml(), shm_root_from(env))
 
 
 async def target_peering(
@@ -135,13 +178,19 @@ async def target_peering(
         ports[parse_listen(guard_listen, "--guard-listen")[1]] = "--guard-listen"
     py_spy = settings.capture.py_spy
     return await start_peering(settings.peers, session, watcher.find_procs, py_spy, watcher.gpu,
-                               ports=ports)  # fmt: skip
+                               ports=ports, engine_uid=settings.recovery.engine_uid)  # fmt: skip
 
 
 async def run_peer(
-    peers: PeerSettings, profile: EngineProfile, pids: tuple[int, ...], py_spy: str | None
+    peers: PeerSettings,
+    profile: EngineProfile,
+    pids: tuple[int, ...],
+    py_spy: str | None,
+    engine_uid: int | None = None,
 ) -> int:
-    """``engine-watchdog peer``: the endpoint alone, until SIGTERM or SIGINT (exit 0)."""
+    """``engine-watchdog peer``: the endpoint alone, until SIGTERM or SIGINT (exit 0). Its
+    restart order stops and checks this node; the engine is started again by whatever runs it
+    (the kubelet, systemd, a Slurm script), never by the sidecar."""
     stopping = Stopping(MARGIN_S)
     stopping.install()
 
@@ -152,7 +201,7 @@ async def run_peer(
     gpu = GpuProbe(load_nvml())
     try:
         async with aiohttp.ClientSession() as session:
-            peering = await start_peering(peers, session, find, py_spy, gpu)
+            peering = await start_peering(peers, session, find, py_spy, gpu, engine_uid=engine_uid)
             if peering is None:
                 raise SettingsError(
                     "peer: not in a group; give --peers HOST:PORT,... or run it under "

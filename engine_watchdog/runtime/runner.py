@@ -29,6 +29,7 @@ from engine_watchdog.recovery.supervise import OUTPUT_DRAIN_S, STOP_GRACE_S
 from engine_watchdog.report.console import verdict_dict
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.runtime.assembly import ConsoleReporter, Target, Task, assemble
+from engine_watchdog.runtime.loop import release_freed_memory
 from engine_watchdog.runtime.server import make_app, start_server
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
 from engine_watchdog.runtime.supervisor import ActionListener
@@ -43,6 +44,11 @@ CLOSE_S = 5.0
 """A target's close (guard, watcher, trace), less its supervised engine's."""
 CHILD_STOP_S = STOP_GRACE_S + 10.0 + OUTPUT_DRAIN_S + 1.0
 """The supervised engine's stop: SIGTERM and its grace, SIGKILL and its wait, its output."""
+
+
+TRIM_AFTER_ROUNDS = frozenset({1, 10})
+"""After these rounds the C heap's free pages go back (runtime/loop.py): the first holds the
+imports and NVML's start, the first ten the first GPM pair, canary and process rediscovery."""
 
 
 def print_line(line: str) -> None:
@@ -63,6 +69,8 @@ async def probe_loop(
         for reporter in reporters:
             reporter.report(watcher.target, changes, watcher.verdicts)
         done += 1
+        if done in TRIM_AFTER_ROUNDS:
+            release_freed_memory()
         next_at = max(next_at + interval, time.monotonic())
         # A canary's end starts the next round early. asyncio.timeout, not wait_for: wait_for
         # on 3.11 can lose a cancellation that meets the wake-up (CPython gh-86296), and a

@@ -31,6 +31,9 @@ from pathlib import Path
 from engine_watchdog.sim.engine import _die_with_parent
 
 RANK_FAULTS = ("none", "rank-stop", "rank-skip", "rank-dead", "gpu-spin")
+SHM_DIR_VAR = "ENGINE_WATCHDOG_SIM_SHM_DIR"
+"""Where each rank makes a segment named as NCCL's (``nccl-sim-r<rank>-p<pid>``), held open
+while it lives and left behind when it is killed, as NCCL's are (NVIDIA/nccl#1518)."""
 CONNECT_TIMEOUT_S = 20.0
 STEP_S = 0.02
 """A model step's compute (CPU), between two collectives."""
@@ -127,6 +130,18 @@ class StepFile:
         tmp.replace(self.path)
 
 
+def make_segment(rank: int) -> int | None:
+    """The rank's stand-in for an NCCL shared-memory segment, under $ENGINE_WATCHDOG_SIM_SHM_DIR
+    (none without it); the descriptor stays open, so the file is "in use" while we live."""
+    folder = os.environ.get(SHM_DIR_VAR)
+    if not folder:
+        return None
+    path = Path(folder) / f"nccl-sim-r{rank}-p{os.getpid()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, b"\0" * 4096)
+    return fd
+
+
 def run_rank(
     rank: int, group: Group, fault: str, fault_rank: int, after: int, steps: StepFile
 ) -> None:
@@ -157,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     import setproctitle
 
     setproctitle.setproctitle(worker_title(args.rank))
+    segment = make_segment(args.rank)  # noqa: F841 (held open for the rank's life)
     group = Group(args.rank, args.world, args.hub_port)
     steps = StepFile(args.step_file)
     run_rank(args.rank, group, args.fault, args.fault_rank, args.fault_after_steps, steps)

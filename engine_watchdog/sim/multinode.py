@@ -8,6 +8,9 @@ run one collective. Each node answers on its own loopback port, so a watchdog gi
 titled descendants):
 
 - ``GET /health``: 200;
+- ``GET /metrics``: vLLM's series for a watchdog to judge the group by: one request running
+  for good, and ``vllm:generation_tokens_total`` the steps this node's ranks completed (they
+  stop when the collective does);
 - ``GET /sim/ranks``: ``{"node", "ranks": [{"rank", "pid", "gpu", "gpu_util", "state",
   "steps"}]}``: the simulated GPU utilisation (no NVML here: 100 for a spinning rank, 50 while
   steps advance, 0 once they stop) and the scheduler state from /proc (a rank that died is
@@ -104,6 +107,14 @@ class Node:
             rank = node_rank * spec.ranks_per_node + local
             self.files[rank] = workdir / f"rank-{rank}.steps"
             self.procs[rank] = self._spawn(rank, hub_port)
+        self.core = self._engine_core() if node_rank == 0 else None
+
+    def _engine_core(self) -> subprocess.Popen[bytes]:
+        """The leader's engine core (vLLM's EngineCore beside its workers; the headless
+        workers' nodes have none): sim/shm_broadcast.py."""
+        cmd = [sys.executable, "-m", "engine_watchdog.sim.shm_broadcast"]
+        cmd += ["--parent-pid", str(os.getpid())]
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)  # noqa: S603 (our own module)
 
     def _spawn(self, rank: int, hub_port: int) -> subprocess.Popen[bytes]:
         s = self.spec
@@ -112,9 +123,14 @@ class Node:
         cmd += ["--parent-pid", str(os.getpid()), "--fault", s.fault]
         cmd += ["--fault-rank", str(s.fault_rank), "--fault-after-steps", str(s.after_steps)]
         cmd += ["--step-file", str(self.files[rank])]
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)  # noqa: S603 (our own module)
+        # RANK as torchrun and vLLM set it (the peers read it); SPT_NOENV: setproctitle must
+        # not write the title over the environment, or /proc/PID/environ loses RANK.
+        env = {**os.environ, "RANK": str(rank), "SPT_NOENV": "1"}
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)  # noqa: S603
 
     def sample(self, now: float) -> None:
+        if self.core is not None:
+            self.core.poll()  # reaped once gone
         for rank, proc in self.procs.items():
             gone = proc.poll() is not None  # reaped: a dead rank is gone, not a zombie
             steps, util = _read_steps(self.files[rank])
@@ -130,6 +146,18 @@ class Node:
                 "steps": steps,
                 "moved_at": moved_at,
             }
+
+    def metrics(self) -> bytes:
+        steps = sum(max(int(r["steps"]), 0) for r in self.samples.values())
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            'vllm:num_requests_running{engine="0",model_name="sim"} 1',
+            "# TYPE vllm:num_requests_waiting gauge",
+            'vllm:num_requests_waiting{engine="0",model_name="sim"} 0',
+            "# TYPE vllm:generation_tokens_total counter",
+            f'vllm:generation_tokens_total{{engine="0",model_name="sim"}} {steps}',
+        ]
+        return ("\n".join(lines) + "\n").encode()
 
     def report(self) -> dict[str, Any]:
         ranks = [{k: v for k, v in r.items() if k != "moved_at"} for r in self.samples.values()]
@@ -151,11 +179,14 @@ def _serve(node: Node, port: int) -> ThreadingHTTPServer:
                 body = b"{}"
             elif self.path == "/sim/ranks":
                 body = json.dumps(node.report()).encode()
+            elif self.path == "/metrics":
+                body = node.metrics()
             else:
                 self.send_error(404)
                 return
             self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            kind = "text/plain; version=0.0.4" if self.path == "/metrics" else "application/json"
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -169,7 +200,9 @@ def _serve(node: Node, port: int) -> ThreadingHTTPServer:
 
 
 def node_main(spec: GroupSpec, node_rank: int, hub_port: int, port: int, parent: int) -> None:
-    _die_with_parent(parent)
+    """One node; ``parent`` 0: started by a supervisor of its own (``engine-watchdog run``)."""
+    if parent:
+        _die_with_parent(parent)
     # SystemExit unwinds the temporary directory; the ranks die with us (PDEATHSIG).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with tempfile.TemporaryDirectory(prefix="sim-node-") as tmp:

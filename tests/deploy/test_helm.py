@@ -343,3 +343,22 @@ def test_the_incident_dir_s_volume_follows_the_values(
     assert len(_claims(objs)) == int(made)
     if made:
         assert _claims(objs)[0]["spec"]["storageClassName"] == ""
+
+
+def test_pod_log_reads_the_engine_container_with_a_role_of_get_pods_log_only() -> None:
+    """podLog.enabled: the sidecar is told the engine container's real name, and its
+    ServiceAccount, projected into the sidecar only, may get pods/log and nothing more."""
+    objs = m.render_chart(m.CHART, {"podLog": {"enabled": True}})
+    (watched,) = checks.workloads(objs)
+    names = {c["name"] for c in checks.pod(watched)["containers"]}
+    assert checks.configmap(objs, watched)["ENGINE_WATCHDOG_POD_LOG"] in names - {checks.SIDECAR}
+    (role,) = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith("pod-log")]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
+    bindings = [o for o in objs if o["kind"] == "RoleBinding"]
+    (binding,) = [b for b in bindings if b["roleRef"]["name"] == role["metadata"]["name"]]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": checks.pod(watched)["serviceAccountName"]}
+    ]
+    off = m.render_chart(m.CHART, {})
+    assert not [o for o in off if o["metadata"]["name"].endswith("pod-log")]
+    assert "ENGINE_WATCHDOG_POD_LOG" not in checks.configmap(off, checks.workloads(off)[0])

@@ -43,6 +43,7 @@ from tests.tools.pod import (
 from tests.tools.vllm_env import VllmEnv
 from tests.tools.vllm_server import (
     ENGINE_CORE_TITLE,
+    SERVED_MODEL,
     http_get,
     process_title,
     server_argv,
@@ -91,7 +92,8 @@ def compile_cache(uid: int) -> Path:
 
 async def start_engines(pod: Pod, env: VllmEnv, work: Path) -> tuple[Container, str, Container]:
     """The watched vLLM, and a bystander engine (the simulator: same UID, same titles)."""
-    port, other = free_port(), free_port()
+    port = free_port()
+    other = next(p for p in iter(free_port, None) if p != port)  # two of one port: one answers
     home = private_dir(work, "home", ENGINE_UID)
     engine_env = server_env({"HOME": str(home), "VLLM_CACHE_ROOT": str(compile_cache(ENGINE_UID))})
     vllm = pod.run("vllm", server_argv(env, port), ENGINE_UID, env=engine_env)
@@ -99,7 +101,8 @@ async def start_engines(pod: Pod, env: VllmEnv, work: Path) -> tuple[Container, 
     bystander = pod.run("bystander", [*sim, "--port", str(other)], ENGINE_UID)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + READY_S
-    while http_get(url + "/v1/models", timeout=2)[0] != 200:
+    # Serving the model, not merely answering: a port the bystander took would answer too.
+    while f'"{SERVED_MODEL}"' not in http_get(url + "/v1/models", timeout=2)[1]:
         assert vllm.proc.poll() is None, vllm.log_tail()
         assert time.monotonic() < deadline, f"vLLM not serving in {READY_S:.0f} s"
         await asyncio.sleep(1.0)
@@ -150,7 +153,7 @@ async def stall(
 ) -> psutil.Process:
     """Load, the watchdog sees progress, then SIGSTOP of the engine core until it says stalled
     (``cause``: the stopped process seen; None where the process table hides it)."""
-    async with StreamingLoad(url, clients=3, max_tokens=400, model="tiny") as load:
+    async with StreamingLoad(url, clients=3, max_tokens=400, model=SERVED_MODEL) as load:
         await load.wait_for(chunks=20, in_flight=2, timeout=120)
         await wait_for(dog, "progressing")
         core = engine_core(vllm)

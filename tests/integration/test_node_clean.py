@@ -103,6 +103,8 @@ def running(proc: psutil.Process) -> bool:
 class FakeNvml:
     def __init__(self, pids: list[int]) -> None:
         self.pids = pids
+        self.phantoms = {pid for pid in pids if not psutil.pid_exists(pid)}
+        """PIDs of another PID namespace: listed by the driver, never seen here."""
 
     def nvmlInit(self) -> None: ...
 
@@ -115,7 +117,17 @@ class FakeNvml:
         return i
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        return [type("Proc", (), {"pid": pid})() for pid in self.pids]
+        """The holders still running, as the driver lists them (a process that exited, a
+        zombie too, holds no context)."""
+        listed = [pid for pid in self.pids if pid in self.phantoms or _holds(pid)]
+        return [type("Proc", (), {"pid": pid})() for pid in listed]
+
+
+def _holds(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 async def test_only_the_engines_leftovers_are_ended(shm_dir: Path) -> None:

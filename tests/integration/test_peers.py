@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -217,11 +218,11 @@ def _assert_secret_nowhere(root: Path, caplog: pytest.LogCaptureFixture) -> None
 async def test_restart_runs_the_hook_it_was_built_with(ranks: list[subprocess.Popen[str]]) -> None:
     calls: list[str] = []
 
-    async def stop_ranks() -> str:
+    async def stop_ranks() -> dict[str, Any]:
         calls.append("stop")
         if len(calls) > 1:
             raise RuntimeError("SIGTERM refused")
-        return "stopped 1 rank"
+        return {"stopped": [1]}
 
     local = _node("node-r", ranks[2].pid).local
     server = PeerServer(make_peer_app(local, Secret(SECRET), stop_ranks), "127.0.0.1", 0)
@@ -234,7 +235,7 @@ async def test_restart_runs_the_hook_it_was_built_with(ranks: list[subprocess.Po
                 assert resp.status == 401 and calls == []
             async with session.post(url, headers=good) as resp:
                 assert resp.status == 200
-                assert await resp.json() == {"ok": True, "detail": "stopped 1 rank"}
+                assert await resp.json() == {"ok": True, "result": {"stopped": [1]}}
             async with session.post(url, headers=good) as resp:
                 assert resp.status == 500
                 assert (await resp.json())["detail"] == "RuntimeError: SIGTERM refused"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,3 +96,42 @@ def test_no_nvml_and_no_shm_root(tmp_path: Path) -> None:
     assert report.clean and report.items == ()
     assert report.errors[0].startswith("GPUs not checked: NVML not available")
     assert report.errors[1] == f"{tmp_path / 'absent'} not checked: No such file or directory"
+
+
+class LaggingNvml:
+    """NVML as the H200 showed it: a context listed on for a while after its process exited."""
+
+    def __init__(self, pids: Iterable[int], lag_calls: int) -> None:
+        self.pids, self.lag_calls, self.calls = set(pids), lag_calls, 0
+
+    def nvmlInit(self) -> None: ...
+
+    def nvmlShutdown(self) -> None: ...
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        self.calls += 1
+        listed = self.pids if self.calls <= 1 + self.lag_calls else set()
+        return [type("Proc", (), {"pid": pid})() for pid in listed]
+
+
+@pytest.mark.parametrize(("lag_calls", "clean"), [(3, True), (10_000, False)])
+def test_a_gpu_context_the_driver_still_lists_after_the_kill(
+    tmp_path: Path, lag_calls: int, clean: bool
+) -> None:
+    """The node is clean once NVML stops listing the ended holder; memory it goes on listing
+    past the bound is GPU memory left, and the report says so."""
+    root = proc(10)
+    nvml = LaggingNvml({10}, lag_calls)
+    report = clean_node(
+        EngineRef(UID, (root,)), FakeProcs(table(root)), nvml, tmp_path, gpu_release_s=0.5
+    )
+    assert report.clean is clean, report.as_dict()
+    held = [i for i in report.left if i.kind == "gpu-memory"]
+    assert [i.pid for i in held] == ([] if clean else [10])
+    assert nvml.calls > 2  # it waited on the driver, not on the process alone

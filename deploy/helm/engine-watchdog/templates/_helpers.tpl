@@ -74,6 +74,9 @@ incidents.persistentVolumeClaim, or none (an emptyDir). */}}
 {{- if .Values.readinessGate.enabled -}}
 {{- $_ := set $data "ENGINE_WATCHDOG_READINESS_GATE" "true" -}}
 {{- end -}}
+{{- if .Values.podLog.enabled -}}
+{{- $_ := set $data "ENGINE_WATCHDOG_POD_LOG" (.Values.inject.containerName | default "vllm") -}}
+{{- end -}}
 {{- with .Values.alertmanager.url -}}
 {{- $_ := set $data "ENGINE_WATCHDOG_ALERTMANAGER" . -}}
 {{- end -}}
@@ -160,7 +163,7 @@ env:
   - name: ENGINE_WATCHDOG_API_KEY
     valueFrom: {{- toYaml . | nindent 6 }}
   {{- end }}
-  {{- if or $v.events.enabled $v.readinessGate.enabled }}
+  {{- if or $v.events.enabled $v.readinessGate.enabled $v.podLog.enabled }}
   - name: POD_NAME
     valueFrom: {fieldRef: {fieldPath: metadata.name}}
   - name: POD_NAMESPACE
@@ -204,7 +207,7 @@ volumeMounts:
   {{- end }}
   - name: engine-watchdog-tmp
     mountPath: /tmp
-  {{- if or $v.events.enabled $v.readinessGate.enabled }}
+  {{- if or $v.events.enabled $v.readinessGate.enabled $v.podLog.enabled }}
   - name: engine-watchdog-token
     mountPath: /var/run/secrets/kubernetes.io/serviceaccount
     readOnly: true
@@ -236,7 +239,7 @@ volumeMounts:
 - name: engine-watchdog-tmp
   emptyDir:
     sizeLimit: 1Gi
-{{- if or .Values.events.enabled .Values.readinessGate.enabled }}
+{{- if or .Values.events.enabled .Values.readinessGate.enabled .Values.podLog.enabled }}
 - name: engine-watchdog-token
   projected:
     sources:

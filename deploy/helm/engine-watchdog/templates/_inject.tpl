@@ -46,7 +46,7 @@ agree between containers (the CUDA dump pipe names carry them). */ -}}
 {{- $gate := dict "conditionType" "engine-watchdog.io/progressing" -}}
 {{- $_ := set $pod "readinessGates" (append ($pod.readinessGates | default list) $gate | uniq) -}}
 {{- end -}}
-{{- if or $v.events.enabled $v.readinessGate.enabled -}}
+{{- if or $v.events.enabled $v.readinessGate.enabled $v.podLog.enabled -}}
 {{- if not $pod.serviceAccountName -}}
 {{- $_ := set $pod "serviceAccountName" (include "engine-watchdog.serviceAccountName" $root) -}}
 {{- $_ := set $pod "automountServiceAccountToken" false -}}{{/* the engine gets no token */}}
