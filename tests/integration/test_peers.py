@@ -34,6 +34,7 @@ from engine_watchdog.peers.discovery import GroupView, from_peers
 from engine_watchdog.peers.fanout import peers_step
 from engine_watchdog.peers.node import LocalNode
 from engine_watchdog.peers.server import PeerServer, make_peer_app
+from engine_watchdog.peers.wire import AnswerError, read_capture
 from engine_watchdog.probes.procs import sample_procs
 from engine_watchdog.runtime.peering import start_peering
 from engine_watchdog.sim.launcher import free_port
@@ -377,3 +378,11 @@ async def test_a_stopped_rank_is_reported_stopped_with_its_stacks(stopped_rank: 
     assert sample.state is RankState.STOPPED
     assert sample.stacks and any("main (blocked_target.py" in f for f in sample.stacks[0])
     assert "nonblocking" in next(iter(cap.stacks.values()))  # --native cannot read it
+
+
+def test_a_flight_recorder_answer_that_is_not_base64_is_refused() -> None:
+    doc: dict[str, Any] = {"node": "n", "ranks": [], "stacks": {}, "flight_recorder": None}
+    assert read_capture(json.dumps(doc).encode()).flight_recorder is not None  # older sidecar
+    doc["flight_recorder"] = {"status": "ok", "detail": "", "files": {"../x": "not base64!"}}
+    with pytest.raises(AnswerError, match="not base64"):
+        read_capture(json.dumps(doc).encode())
