@@ -9,13 +9,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any
+from typing import Any, get_args
 
+from engine_watchdog.capture.step import StepStatus
 from engine_watchdog.core.ranks import NodeReport, RankSample, RankState
 from engine_watchdog.peers.node import NodeCapture
 from engine_watchdog.peers.node_fr import MAX_TOTAL_BYTES, NodeFlightRecorder
 
-STATUSES = ("ok", "partial", "timeout", "permission-denied", "not-available", "failed")
+STATUSES = get_args(StepStatus)
 MAX_ANSWER_BYTES = 32 * 1024 * 1024 + MAX_TOTAL_BYTES * 4 // 3
 """Two text dumps of a few hundred threads per rank, eight ranks: well under 32 MiB; plus the
 flight-recorder files in base64."""
