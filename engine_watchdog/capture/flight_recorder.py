@@ -42,6 +42,10 @@ PIPE_VAR = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"  # PyTorch's default for the dump file prefix
+ENVIRON_EMPTY = (
+    "empty /proc/PID/environ (setproctitle zeroes it, and no ancestor's could be read): "
+    "start the engine with SPT_NOENV=1"
+)
 WAIT_S = 10.0
 """Upper bound on the wait for the dumps (~5 s seen on two H200s), also bounded by ctx.timeout_s."""
 POLL_S = 0.25
@@ -121,7 +125,9 @@ def find_ranks(proc_root: Path, procs: Iterable[ProcInfo]) -> tuple[list[RankDum
     skipped: dict[int, str] = {}
     for p, env in read_environs(proc_root, procs, skipped):
         cfg = fr_config(env)
-        if cfg is None:
+        if not env:
+            skipped[p.pid] = ENVIRON_EMPTY
+        elif cfg is None:
             skipped[p.pid] = f"no {PIPE_VAR} with a trace buffer in its environment"
         else:
             configs[p.pid] = cfg
@@ -210,6 +216,8 @@ def _outcome(ranks: list[RankDump]) -> tuple[StepStatus, str]:
 def _nothing_to_do(skipped: dict[int, str]) -> tuple[StepStatus, str]:
     if all_denied(skipped):
         return "permission-denied", FIX_ENVIRON_PERMISSION
+    if skipped and all(r == ENVIRON_EMPTY for r in skipped.values()):
+        return "not-available", f"cannot read the ranks' environment: {ENVIRON_EMPTY}"
     return "not-available", (
         "no flight-recorder pipe: start the engine with TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
         f"{PIPE_VAR}=/tmp/nccl_pipe_ "

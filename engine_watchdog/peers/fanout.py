@@ -7,8 +7,10 @@ kept: the bundle is written all the same (it is the bundle writer's temporary di
 renamed into place only when complete: capture/bundle.py).
 
 Files, under the bundle: ``nodes/<node>/manifest.json`` (the node's report, or why it is
-missing), ``nodes/<node>/<rank stacks>.txt``, ``nodes/<node>/nvml.json``; ``nodes/group.json``
-(every node, and the culprit).
+missing), ``nodes/<node>/<rank stacks>.txt``, ``nodes/<node>/nvml.json``,
+``nodes/<node>/flight_recorder/`` (its NCCL flight-recorder dumps, peers/node_fr.py);
+``nodes/group.json`` (every node, and the culprit). The leader's own node is captured without the
+flight recorder: the leader's bundle runs that step itself (flight_recorder/), after this one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from engine_watchdog.net.http import fetch
 from engine_watchdog.peers.auth import bearer
 from engine_watchdog.peers.discovery import GroupView, Peer
 from engine_watchdog.peers.node import LocalNode, NodeCapture
+from engine_watchdog.peers.node_fr import NodeFlightRecorder
 from engine_watchdog.peers.wire import MAX_ANSWER_BYTES, AnswerError, read_capture
 
 STEP_NAME = "peers"
@@ -88,7 +91,7 @@ async def _one(
     t0 = time.monotonic()
     try:
         if peer == view.me:
-            work = local.capture(max(deadline_s - TRANSFER_MARGIN_S, 1.0))
+            work = local.capture(max(deadline_s - TRANSFER_MARGIN_S, 1.0), flight_recorder=False)
         else:
             work = order_capture(session, peer, secret, deadline_s)
         cap = await asyncio.wait_for(work, deadline_s)
@@ -135,6 +138,9 @@ def write_nodes(workdir: Path, results: Sequence[NodeResult], culprit: Culprit) 
             put(f"{base}/{node_dir_name(name)}", text.encode())
         if cap is not None and cap.nvml is not None:
             put(f"{base}/nvml.json", _dump(cap.nvml))
+        fr = cap.flight_recorder if cap else None
+        for name, data in (fr.files if fr else {}).items():
+            put(f"{base}/flight_recorder/{node_dir_name(name)}", data)
     group = {
         "nodes": [
             {
@@ -164,7 +170,15 @@ def _node_manifest(res: NodeResult) -> dict[str, Any]:
         doc["ranks"] = [_jsonable(asdict(s)) for s in res.capture.report.ranks]
         doc["stack_files"] = sorted(node_dir_name(n) for n in res.capture.stacks)
         doc["notes"] = list(res.capture.notes)
+        doc["flight_recorder"] = _fr_manifest(res.capture.flight_recorder)
     return doc
+
+
+def _fr_manifest(fr: NodeFlightRecorder | None) -> dict[str, Any]:
+    if fr is None:
+        return {"status": "in-bundle", "detail": "the leader's own flight-recorder step"}
+    files = sorted(f"flight_recorder/{node_dir_name(n)}" for n in fr.files)
+    return {"status": fr.status, "detail": fr.detail, "files": files}
 
 
 def _jsonable(value: Any) -> Any:

@@ -6,6 +6,8 @@ process), a short interval apart, so a stack that does not move is told from one
 NVML (capture/gpu.py's snapshot) gives each GPU's state and which rank holds it where a GPU is
 present. The rank number comes from the process's ``RANK`` variable (torchrun, Ray's vLLM
 workers) where it can be read, else from a vLLM worker's title where that alone names it, else -1.
+After the samples, PyTorch's NCCL flight recorder is dumped where the ranks enable it
+(peers/node_fr.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine_watchdog.capture.flight_recorder import make_flight_recorder_step
 from engine_watchdog.capture.gpu import snapshot
 from engine_watchdog.capture.procfs import read_environ
 from engine_watchdog.capture.pyspy import (
@@ -31,6 +34,7 @@ from engine_watchdog.capture.pyspy import (
 )
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.ranks import NodeReport, RankSample, RankState
+from engine_watchdog.peers.node_fr import NodeFlightRecorder, dump_flight_recorder
 from engine_watchdog.probes.gpu import GpuProbe
 
 RANK_ROLES = ("engine-core", "worker")
@@ -55,6 +59,8 @@ class NodeCapture:
     nvml: dict[str, Any] | None = None
     """capture/gpu.py's snapshot; None where the node has no NVML."""
     notes: tuple[str, ...] = ()
+    flight_recorder: NodeFlightRecorder | None = None
+    """None where it was not run (the leader's own node: its bundle has the step itself)."""
 
 
 def rank_procs(procs: Sequence[ProcInfo]) -> list[ProcInfo]:
@@ -112,6 +118,7 @@ class LocalNode:
         self.gpu = gpu
         self.interval_s = interval_s
         self.proc_root = proc_root
+        self.flight_recorder = make_flight_recorder_step(proc_root)
         self._ranks: dict[int, int] = {}
         """PID -> rank, as last read: a rank that died since is still named by its number."""
 
@@ -130,8 +137,9 @@ class LocalNode:
         ]
         return {"node": self.name, "pyspy": bool(self.pyspy), "ranks": ranks}
 
-    async def capture(self, budget_s: float) -> NodeCapture:
-        """Two py-spy samples of every rank and one NVML snapshot, within ``budget_s``."""
+    async def capture(self, budget_s: float, flight_recorder: bool = True) -> NodeCapture:
+        """Two py-spy samples of every rank and one NVML snapshot, then (``flight_recorder``)
+        the flight-recorder dump, all within ``budget_s``."""
         deadline = time.monotonic() + budget_s
         found = await self.find_procs()
         procs = rank_procs(found)
@@ -159,7 +167,12 @@ class LocalNode:
         if not procs:
             notes.append("no engine rank process found on this node (--engine, --pid)")
         report = NodeReport(self.name, True, tuple(samples + dead))
-        return NodeCapture(report, stacks, nvml, tuple(notes))
+        fr = None
+        if flight_recorder:  # after the samples: it wakes the engine (capture/step.py)
+            left = deadline - time.monotonic()
+            fr = await dump_flight_recorder(self.flight_recorder, tuple(procs), left)
+            notes += fr.notes
+        return NodeCapture(report, stacks, nvml, tuple(notes), fr)
 
     async def _two_samples(
         self, procs: Sequence[ProcInfo], deadline: float

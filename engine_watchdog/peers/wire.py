@@ -6,14 +6,20 @@ shape is refused with one line (:class:`AnswerError`) rather than half-read.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
-from typing import Any
+from typing import Any, get_args
 
+from engine_watchdog.capture.step import StepStatus
 from engine_watchdog.core.ranks import NodeReport, RankSample, RankState
 from engine_watchdog.peers.node import NodeCapture
+from engine_watchdog.peers.node_fr import MAX_TOTAL_BYTES, NodeFlightRecorder
 
-MAX_ANSWER_BYTES = 32 * 1024 * 1024
-"""Two text dumps of a few hundred threads per rank, eight ranks: well under this."""
+STATUSES = get_args(StepStatus)
+MAX_ANSWER_BYTES = 32 * 1024 * 1024 + MAX_TOTAL_BYTES * 4 // 3
+"""Two text dumps of a few hundred threads per rank, eight ranks: well under 32 MiB; plus the
+flight-recorder files in base64."""
 
 
 class AnswerError(ValueError):
@@ -38,7 +44,28 @@ def capture_json(cap: NodeCapture) -> dict[str, Any]:
         "stacks": cap.stacks,
         "nvml": cap.nvml,
         "notes": list(cap.notes),
+        "flight_recorder": _fr_json(cap.flight_recorder),
     }
+
+
+def _fr_json(fr: NodeFlightRecorder | None) -> dict[str, Any] | None:
+    if fr is None:
+        return None
+    files = {k: base64.b64encode(v).decode() for k, v in fr.files.items()}
+    return {"status": fr.status, "detail": fr.detail, "files": files}
+
+
+def _read_fr(doc: Any) -> NodeFlightRecorder:
+    if doc is None:  # a sidecar from before the node's flight recorder
+        return NodeFlightRecorder("not-available", "the node's sidecar sent no flight recorder")
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict) or doc.get("status") not in STATUSES:
+        raise AnswerError("the answer's flight_recorder is malformed")
+    try:
+        raw = {str(k): base64.b64decode(str(v), validate=True) for k, v in files.items()}
+    except (binascii.Error, ValueError):
+        raise AnswerError("the answer's flight_recorder files are not base64") from None
+    return NodeFlightRecorder(doc["status"], str(doc.get("detail", "")), raw)
 
 
 def _sample(node: str, d: Any) -> RankSample:
@@ -77,4 +104,5 @@ def read_capture(body: bytes) -> NodeCapture:
     texts = {str(k): str(v) for k, v in stacks.items()}
     nvml = doc.get("nvml") if isinstance(doc.get("nvml"), dict) else None
     notes = tuple(str(n) for n in doc.get("notes") or [])
-    return NodeCapture(NodeReport(node, True, samples), texts, nvml, notes)
+    fr = _read_fr(doc.get("flight_recorder"))
+    return NodeCapture(NodeReport(node, True, samples), texts, nvml, notes, fr)

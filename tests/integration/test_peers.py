@@ -1,8 +1,8 @@
 """The peer layer for real: sidecars' peer endpoints on loopback ports with a shared secret,
 real sleeping processes as the ranks, the real py-spy. The leader's fan-out puts every node's
-report into one bundle; a node that accepts and says nothing is named and the bundle is still
-written within the deadline; a wrong or missing secret is refused and captures nothing; the
-secret is in no file written."""
+report into one bundle, with the flight-recorder dump of a rank that serves PyTorch's pipe; a
+node that accepts and says nothing is named and the bundle is still written within the deadline;
+a wrong or missing secret is refused and captures nothing; the secret is in no file written."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from engine_watchdog.peers.discovery import GroupView, from_peers
 from engine_watchdog.peers.fanout import peers_step
 from engine_watchdog.peers.node import LocalNode
 from engine_watchdog.peers.server import PeerServer, make_peer_app
+from engine_watchdog.peers.wire import AnswerError, read_capture
 from engine_watchdog.probes.procs import sample_procs
 from engine_watchdog.runtime.peering import start_peering
 from engine_watchdog.sim.launcher import free_port
@@ -69,6 +70,33 @@ def ranks() -> Iterator[list[subprocess.Popen[str]]]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(30)
+
+
+@pytest.fixture(scope="module")
+def fr_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A rank (RANK 3) with the NCCL flight recorder on, serving its pipe; killed at the end."""
+    d = tmp_path_factory.mktemp("fr")
+    env = {
+        **os.environ,
+        "RANK": "3",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{d}/nccl_pipe_",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{d}/nccl_trace_rank_",
+    }
+    p = subprocess.Popen(
+        [sys.executable, str(DATA / "fr_rank.py"), "120"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        yield p.pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(30)
 
 
 @dataclass
@@ -208,6 +236,40 @@ async def test_a_wrong_secret_on_the_leader_names_the_refusal(
     assert json.loads((res.path / "nodes" / "group.json").read_text())["nodes"][0]["answered"]
 
 
+async def test_each_node_ships_its_flight_recorder_dump_into_the_leaders_bundle(
+    tmp_path: Path, group: list[Node], fr_rank: int
+) -> None:
+    fr_node = _node("node-fr", fr_rank)
+    await fr_node.server.start()
+    try:
+        view = _view([group[0], group[1], fr_node])
+        async with aiohttp.ClientSession() as session:
+            step = peers_step(view, group[0].local, session, Secret(SECRET), 8.0)
+            res = await write_bundle(_bundle_settings(tmp_path), None, [], [], [step])
+    finally:
+        await fr_node.server.stop()
+    assert res.steps[0].status == "ok", res.steps[0]
+    nodes = res.path / "nodes"
+    fr_dir = nodes / f"127.0.0.1_{fr_node.server.port}"
+    doc = json.loads((fr_dir / "manifest.json").read_text())
+    assert doc["flight_recorder"]["status"] == "ok", doc["flight_recorder"]
+    dump = fr_dir / "flight_recorder" / "rank3_nccl_trace_rank_3"
+    assert dump.read_bytes().startswith(b"\x80\x02")  # the rank's pickle, byte for byte
+    assert "flight_recorder/rank3_nccl_trace_rank_3" in doc["flight_recorder"]["files"]
+    index = json.loads((fr_dir / "flight_recorder" / "index.json").read_text())
+    assert [(r["rank"], r["trigger"]) for r in index["ranks"]] == [(3, "ok")]
+    # A node whose ranks do not enable it says so, and its capture is whole all the same.
+    plain_dir = nodes / f"127.0.0.1_{group[1].server.port}"
+    plain = json.loads((plain_dir / "manifest.json").read_text())
+    assert plain["answered"] is True and len(plain["ranks"][0]["stacks"]) == 2
+    assert plain["flight_recorder"]["status"] == "not-available"
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" in plain["flight_recorder"]["detail"]
+    assert not (plain_dir / "flight_recorder").exists()
+    # The leader's own ranks: its bundle's own flight-recorder step, not a second trigger.
+    leader = json.loads((nodes / f"127.0.0.1_{group[0].server.port}" / "manifest.json").read_text())
+    assert leader["flight_recorder"]["status"] == "in-bundle"
+
+
 def _assert_secret_nowhere(root: Path, caplog: pytest.LogCaptureFixture) -> None:
     for path in root.rglob("*"):
         if path.is_file():
@@ -316,3 +378,11 @@ async def test_a_stopped_rank_is_reported_stopped_with_its_stacks(stopped_rank: 
     assert sample.state is RankState.STOPPED
     assert sample.stacks and any("main (blocked_target.py" in f for f in sample.stacks[0])
     assert "nonblocking" in next(iter(cap.stacks.values()))  # --native cannot read it
+
+
+def test_a_flight_recorder_answer_that_is_not_base64_is_refused() -> None:
+    doc: dict[str, Any] = {"node": "n", "ranks": [], "stacks": {}, "flight_recorder": None}
+    assert read_capture(json.dumps(doc).encode()).flight_recorder is not None  # older sidecar
+    doc["flight_recorder"] = {"status": "ok", "detail": "", "files": {"../x": "not base64!"}}
+    with pytest.raises(AnswerError, match="not base64"):
+        read_capture(json.dumps(doc).encode())

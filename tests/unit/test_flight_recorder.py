@@ -134,3 +134,12 @@ async def test_not_configured(tmp_path: Path) -> None:
     res = await make_flight_recorder_step(proc_root)(ctx)
 
     assert res.status == "not-available" and "TORCH_NCCL_TRACE_BUFFER_SIZE" in res.detail
+
+
+async def test_an_environment_zeroed_by_setproctitle_is_named(tmp_path: Path) -> None:
+    proc_root = tmp_path / "proc"
+    fake_proc(proc_root, 5, {}, tmp_path)  # a titled rank, no ancestor's environment to read
+    ctx = CaptureContext(workdir=tmp_path, procs=(proc(5),))
+    res = await make_flight_recorder_step(proc_root)(ctx)
+
+    assert res.status == "not-available" and "SPT_NOENV=1" in res.detail
