@@ -156,8 +156,10 @@ class EngineActions:
         done = await self._restart_own(stalled_since)
         killing = self.restarter is None and not self.recovery.restart_command
         if group is not None and killing and done.result == Result.SKIPPED:
-            # The group stop ended the engine core: whatever runs the engine restarts it.
-            done = Outcome(Result.OK, f"{done.detail}; ended by the group stop")
+            # The group stop ended the engine's processes (a group's rank 0 may be a worker
+            # with no engine core at all): nothing is left to kill, and kill_engine_core's
+            # advice (--pid, --restart-command) would mislead. Whatever runs it restarts it.
+            done = Outcome(Result.OK, "engine ended by the group stop; its supervisor restarts it")
         if done.result == Result.OK:  # what follows is a start-up we caused, not a death
             # Supervise mode's restarter has started the next engine before it returns.
             replaced = self.restarter is not None

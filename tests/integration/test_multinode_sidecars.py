@@ -12,14 +12,17 @@ tests/tools/gloo_group.py), and the watchdog in each pod as the deployment runs 
   for every fault, in order (each test leaves it stepping again): SIGSTOP of rank 1, rank 1
   held out of the collective, SIGSTOP of rank 0 (on the leader's own node). For each: the
   leader says stalled, its one bundle holds every node's real py-spy stacks, and the culprit
-  it names is the right node and rank. Last: the group stopped, nothing of it left.
+  it names is the right node and rank. Last: the group restart, the leader's ladder now
+  ``capture,restart``: rank 1 stopped, then every node stops its ranks and checks itself
+  clean (each pod its own shm folder, ``ENGINE_WATCHDOG_SHM_ROOT`` of its sidecar), and
+  nothing of the group is left.
 
-Timings (fault -> verdict, fault -> bundle) are printed; docs/multi-node.md records them.
+Timings (fault -> verdict, -> bundle, -> clean group restart) are printed; docs/multi-node.md
+records them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -33,9 +36,8 @@ from typing import Any
 import psutil
 import pytest
 
-from engine_watchdog.host.proclist import PsutilProcesses
-from engine_watchdog.recovery.node_clean import EngineRef, clean_node
-from tests.integration.test_multinode_gloo import PYTHON, FakeNvml, _missing, running
+from engine_watchdog.peers.restart import SHM_ROOT_VAR
+from tests.integration.test_multinode_gloo import PYTHON, _missing, running
 from tests.tools.cli import CONSOLE_SCRIPT
 from tests.tools.gloo_group import ENGINE_UID, GlooGroup, namespaces_left
 from tests.tools.pod import Container
@@ -48,6 +50,9 @@ PEER_PORT = 9401
 API_PORT = 8000
 VERDICT_S = 40.0
 BUNDLE_S = 40.0
+RESTART_S = 30.0
+CAPS = ("sys_ptrace",)
+"""What the manifests grant the sidecars, nothing more."""
 TIMINGS: list[str] = []
 
 
@@ -58,6 +63,7 @@ class Cluster:
     workers: list[Container]
     incidents: Path
     peers: list[str]
+    secret: Path
     seen: set[Path] = field(default_factory=set)
     """Bundles already looked at: each fault's is the one new after it."""
 
@@ -77,16 +83,25 @@ def peer_args(group: GlooGroup, i: int, secret: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def leader_argv(group: GlooGroup, incidents: Path, secret: Path) -> list[str]:
+def leader_argv(
+    group: GlooGroup, incidents: Path, secret: Path, actions: str = "capture"
+) -> list[str]:
     """The leader as a deployment runs it, with bounds a test can wait on: stalled after 3 s
     without a token while a request runs; no canary (rank 0 serves /metrics alone)."""
     return [
         str(CONSOLE_SCRIPT), "watch", f"http://127.0.0.1:{API_PORT}", "--engine", "vllm",
-        "--json", "--listen", "", "--no-gpu", "--no-canary", "--action", "capture",
+        "--json", "--listen", "", "--no-gpu", "--no-canary", "--action", actions,
         "--interval", "0.5", "--stall-seconds", "3", "--suspect-seconds", "1",
         "--startup-grace", "1", "--scrape-timeout", "2", "--peer-deadline", "12",
         "--incident-dir", str(incidents), *peer_args(group, 0, secret),
     ]  # fmt: skip
+
+
+def sidecar_env(group: GlooGroup, i: int, incidents: Path) -> dict[str, str]:
+    """A sidecar's environment: its node's clean looks where its pod's ranks make their
+    segments (each pod its own folder, as each node its own /dev/shm)."""
+    shm = str(group.ranks[i].shm_root)
+    return {"PATH": os.environ["PATH"], "HOME": str(incidents), SHM_ROOT_VAR: shm}
 
 
 @contextlib.contextmanager
@@ -96,26 +111,25 @@ def sidecar_cluster(world: int) -> Iterator[Cluster]:
     watchdog_python = Path(CONSOLE_SCRIPT).with_name("python")
     with GlooGroup(
         world, Path(tempfile.gettempdir()), PYTHON, reachable=(watchdog_python,),
-        title="VLLM::Worker_TP{rank}", metrics_port=API_PORT,
+        title="VLLM::Worker_TP{rank}", metrics_port=API_PORT, shm_per_pod=True,
     ) as group:  # fmt: skip
         group.wait_stepping()
         secret = private_dir(group.workdir, "secret") / "secret"  # as a Secret's volume
         secret.write_text(SECRET + "\n")
         os.chown(secret, ENGINE_UID, ENGINE_UID)
         incidents = private_dir(group.workdir, "incidents")
-        env = {"PATH": os.environ["PATH"], "HOME": str(incidents)}
-        caps = ("sys_ptrace",)
         workers = [
             group.run(i, "peer", [str(CONSOLE_SCRIPT), "peer", "--pid", str(rank.pod_pid),
-                                  *peer_args(group, i, secret)], ENGINE_UID, env=env, caps=caps)
+                                  *peer_args(group, i, secret)], ENGINE_UID,
+                      env=sidecar_env(group, i, incidents), caps=CAPS)
             for i, rank in enumerate(group.ranks) if i > 0
         ]  # fmt: skip
         leader = group.run(0, "watchdog", leader_argv(group, incidents, secret), ENGINE_UID,
-                           env=env, caps=caps)  # fmt: skip
+                           env=sidecar_env(group, 0, incidents), caps=CAPS)  # fmt: skip
         peers = [f"{r.address}:{PEER_PORT}" for r in group.ranks]
         ranks = [psutil.Process(r.host_pid) for r in group.ranks]
         ranks += [p for c in (leader, *workers) for p in c.processes()]  # the sidecars too
-        yield Cluster(group, leader, workers, incidents, peers)
+        yield Cluster(group, leader, workers, incidents, peers, secret)
     assert namespaces_left(group.tag) == [], "a namespace outlived its group"
     assert not [p for p in ranks if running(p)], "a rank or a sidecar outlived its group"
 
@@ -291,17 +305,56 @@ async def test_rank_0_stopped_on_the_leaders_own_node(cluster: Cluster) -> None:
     no_secret_anywhere(c)
 
 
-async def test_the_stopped_group_leaves_nothing(cluster: Cluster) -> None:
-    """The group stopped as a restart stops it (every pod's PID 1 killed); the node clean
-    after it removes every segment the ranks left, and no process of the group is left."""
+def restarting_leader(c: Cluster) -> Container:
+    """The leader again, its ladder now ``capture,restart``: the group stays, the capture-only
+    leader makes way (its peer port with it)."""
+    c.leader.stop()
+    argv = leader_argv(c.group, c.incidents, c.secret, actions="capture,restart")
+    env = sidecar_env(c.group, 0, c.incidents)
+    return c.group.run(0, "watchdog-restart", argv, ENGINE_UID, env=env, caps=CAPS)
+
+
+def restart_record(c: Cluster) -> dict[str, Any] | None:
+    path = c.incidents / "actions.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    done = [json.loads(x) for x in lines if '"restart"' in x]
+    return done[0] if done else None
+
+
+async def test_the_group_restart_leaves_nothing(cluster: Cluster) -> None:
+    """Last (it ends the group): rank 1 stopped under a leader whose ladder goes on to
+    ``restart``. After the bundle the leader orders every node to stop its ranks and check
+    itself clean: both nodes' records say stopped and clean, no rank process and no segment the
+    ranks made is left. Nothing starts the group again here: that is whatever runs it."""
     c = cluster
-    procs = PsutilProcesses()
-    ranks = [procs.processes()[r.host_pid] for r in c.group.ranks]
-    live = c.group.processes()
+    c.leader = restarting_leader(c)
+    ranks = [psutil.Process(r.host_pid) for r in c.group.ranks]
     made = {p for i in range(2) for p in c.group.heartbeat(i)["segments"]}
-    c.group.kill()
-    assert not [p for p in live if running(p)], "a process outlived the group's stop"
-    engine = EngineRef(ENGINE_UID, tuple(ranks), frozenset(r.sid for r in ranks))
-    report = await asyncio.to_thread(clean_node, engine, procs, FakeNvml(), c.group.shm_root)
-    assert {i.what for i in report.removed} == made and report.clean, report
-    assert list(c.group.shm_root.iterdir()) == []
+    fault_at: list[float] = []
+
+    def stop_rank_1() -> None:
+        fault_at.append(time.monotonic())
+        c.group.stop(1)
+
+    _, bundle = await fault_to_bundle(c, "SIGSTOP rank 1, then restart", stop_rank_1)
+    record = await eventually(
+        lambda: restart_record(c), RESTART_S, interval=0.1, what="the restart record"
+    )
+    restart_s = time.monotonic() - fault_at[0]
+    detail = record["detail"]
+    print(f"\n[gloo sidecars, restart record] {record['result']}: {detail}")
+    assert detail.startswith("group stopped and clean: "), detail
+    # The leader's own "restart" in watch mode: rank 0 (a worker, no engine core) is ended by
+    # its node's stop; whatever runs the engine starts it (nothing here: the test ends it).
+    assert record["result"] == "ok", record
+    assert detail.endswith("; then engine ended by the group stop; its supervisor restarts it")
+    for peer in c.peers:  # one rank a node, its three segments (NCCL, torch, vLLM)
+        assert f"{peer}: stopped 1 rank processes, removed 3 files, left 0" in detail, detail
+    for peer in c.peers:
+        report = json.loads((bundle / "nodes" / peer.replace(":", "_") / "node-clean.json")
+                            .read_text())  # fmt: skip
+        assert report["answered"] and report["verified"], report
+    await eventually(lambda: not [p for p in ranks if running(p)], 15, what="the ranks gone")
+    assert len(made) == 6 and [p for p in made if Path(p).exists()] == [], made
+    assert [list(r.shm_root.iterdir()) for r in c.group.ranks] == [[], []]
+    TIMINGS.append(f"fault -> clean group restart {restart_s:.1f} s, procs left 0, shm left 0")

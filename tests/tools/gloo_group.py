@@ -93,6 +93,8 @@ class Rank:
     pod: Pod
     folder: Path
     """Its heartbeat and the fault flags."""
+    shm_root: Path
+    """Where it makes its segments: the group's shm root, or its pod's own folder in it."""
     container: Container | None = None
 
     @property
@@ -131,13 +133,16 @@ class GlooGroup:
         reachable: Sequence[Path] = (),
         title: str | None = None,
         metrics_port: int | None = None,
+        shm_per_pod: bool = False,
     ) -> None:
         """``reachable``: more programs the pods' UIDs must be able to run (a sidecar's
         Python), whatever the folders they sit in on the host (tests/tools/pod.py).
         ``title``: each rank's process title, ``{rank}`` filled in (``VLLM::Worker_TP{rank}``);
-        ``metrics_port``: rank 0 serves a vLLM-shaped /metrics there (tests/tools/gloo_rank.py)."""
+        ``metrics_port``: rank 0 serves a vLLM-shaped /metrics there (tests/tools/gloo_rank.py);
+        ``shm_per_pod``: each rank makes its segments in ``shm_root/pod<rank>``, its own
+        folder, as each node of a group has its own /dev/shm (a node's clean sees its own)."""
         self.world, self.python, self.uid, self.timeout_s = world, python, uid, timeout_s
-        self.title, self.metrics_port = title, metrics_port
+        self.title, self.metrics_port, self.shm_per_pod = title, metrics_port, shm_per_pod
         self.reachable = (python, RANK_SCRIPT, *reachable)
         self.tag = f"ewg{os.getpid()}-{next(_GROUPS)}"
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir=workdir))
@@ -147,8 +152,8 @@ class GlooGroup:
         self.namespaces: list[str] = []
         self.ranks: list[Rank] = []
 
-    def _folder(self, name: str) -> Path:
-        path = self.workdir / name
+    def _folder(self, name: str, parent: Path | None = None) -> Path:
+        path = (parent or self.workdir) / name
         path.mkdir(mode=0o700)
         os.chown(path, self.uid, self.uid)
         return path
@@ -190,7 +195,9 @@ class GlooGroup:
             _ip("-n", ns, "link", "set", "lo", "up")
             pod_dir = self.workdir / f"pod{i}"
             pod_dir.mkdir(mode=0o755)
-            self.ranks.append(Rank(i, address, ns, Pod(pod_dir, netns=ns), self._folder(f"r{i}")))
+            shm = self._folder(f"pod{i}", self.shm_root) if self.shm_per_pod else self.shm_root
+            pod = Pod(pod_dir, netns=ns)
+            self.ranks.append(Rank(i, address, ns, pod, self._folder(f"r{i}"), shm))
 
     def _netns(self, name: str) -> str:
         _ip("netns", "add", name)
@@ -205,7 +212,7 @@ class GlooGroup:
             "EW_WORLD": str(self.world),
             "EW_MASTER": f"{SUBNET}.1:{PORT}",
             "EW_DIR": str(rank.folder),
-            "EW_SHM_ROOT": str(self.shm_root),
+            "EW_SHM_ROOT": str(rank.shm_root),
             "EW_TIMEOUT_S": str(self.timeout_s),
             "GLOO_SOCKET_IFNAME": "eth0",
             "OMP_NUM_THREADS": "1",

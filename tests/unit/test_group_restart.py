@@ -132,5 +132,9 @@ async def test_the_group_stop_comes_first_and_the_record_says_both(tmp_path: Pat
     watch = EngineActions(engine, capture, RecoverySettings(), lambda d: [], None,
                           stop_group=stop_group)  # fmt: skip
     done = await watch.restart(0.0)
-    assert done.result is Result.OK and "ended by the group stop" in done.detail
+    assert done == Outcome(
+        Result.OK,
+        "group NOT verified clean (node-b): ...; then engine ended by the group stop; its "
+        "supervisor restarts it",
+    )  # not kill_engine_core's "no live engine-core process ... pass --pid" advice
     assert len(engine.noted) == 2
