@@ -162,7 +162,8 @@ async def test_legitimate_quiet_is_never_stuck_nor_stalled() -> None:
                     # Slow, yet a gap (2 s) under the threshold: at 0.25 tokens/s (4 s) the judge,
                     # looking between the relays of one step's tokens, saw one stream 4 s silent
                     # and another's event just in (a CI run under load): over a 3 s threshold.
-                    sim.url + "/sim/fault", {"fault": "slow", "slow_tokens_per_second": 0.5}
+                    sim.url + "/sim/fault",
+                    {"fault": "slow", "slow_tokens_per_second": 0.5},
                 )
                 slow = many(2, 6, "slow-")
                 long = many(1, 280, "long-")
