@@ -31,6 +31,7 @@ from engine_watchdog.host.proclist import PsutilProcesses
 from engine_watchdog.host.tools import resolve_tools
 from engine_watchdog.recovery.node_clean import EngineRef, clean_node, write_report
 from tests.integration.conftest import steady
+from tests.tools.fake_nvml import FakeNvml
 from tests.tools.gloo_group import ENGINE_UID, GlooGroup, namespaces_left, netns_missing
 from tests.tools.vllm_env import VENV_ENV_VAR
 from tests.waiting import eventually
@@ -189,23 +190,6 @@ async def test_node_clean_after_the_group_is_stopped(group: GlooGroup, tmp_path:
     assert sorted(os.listdir(group.shm_root)) == ["nccl-otheruid"]
     recorded = json.loads(write_report(report, tmp_path).read_text())  # what the bundle keeps
     assert recorded["clean"] and len(recorded["removed"]) >= 6, recorded
-
-
-class FakeNvml:
-    """NVML without a GPU here: one device, no compute process on it."""
-
-    def nvmlInit(self) -> None: ...
-
-    def nvmlShutdown(self) -> None: ...
-
-    def nvmlDeviceGetCount(self) -> int:
-        return 1
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        return []
 
 
 ODD_UID = 4231

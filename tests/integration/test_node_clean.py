@@ -14,13 +14,13 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 from engine_watchdog.host.proclist import PsutilProcesses
 from engine_watchdog.recovery.node_clean import EngineRef, clean_node
+from tests.tools.fake_nvml import FakeNvml
 from tests.waiting import eventually
 
 ENGINE_UID, OTHER_UID = 1000, 1001
@@ -100,27 +100,16 @@ def running(proc: psutil.Process) -> bool:
         return False
 
 
-class FakeNvml:
+class LiveNvml(FakeNvml):
+    """The holders still running, as the driver lists them (a process that exited, a zombie
+    too, holds no context); PIDs of another PID namespace (never seen here) always listed."""
+
     def __init__(self, pids: list[int]) -> None:
-        self.pids = pids
+        super().__init__(pids)
         self.phantoms = {pid for pid in pids if not psutil.pid_exists(pid)}
-        """PIDs of another PID namespace: listed by the driver, never seen here."""
 
-    def nvmlInit(self) -> None: ...
-
-    def nvmlShutdown(self) -> None: ...
-
-    def nvmlDeviceGetCount(self) -> int:
-        return 1
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        """The holders still running, as the driver lists them (a process that exited, a
-        zombie too, holds no context)."""
-        listed = [pid for pid in self.pids if pid in self.phantoms or _holds(pid)]
-        return [type("Proc", (), {"pid": pid})() for pid in listed]
+    def listed(self) -> list[int]:
+        return [pid for pid in self.pids if pid in self.phantoms or _holds(pid)]
 
 
 def _holds(pid: int) -> bool:
@@ -153,7 +142,7 @@ async def test_only_the_engines_leftovers_are_ended(shm_dir: Path) -> None:
         await eventually(lambda: not psutil.pid_exists(int(engine_pid)), 10, what="engine gone")
         gpu = [worker.pid, outsider.pid, other.pid, NOT_HERE]
 
-        report = clean_node(engine, procs, FakeNvml(gpu), shm_dir, grace_s=5.0)
+        report = clean_node(engine, procs, LiveNvml(gpu), shm_dir, grace_s=5.0)
 
         assert not running(worker), "the engine's worker survived"  # a zombie until init reaps it
         assert running(other) and running(psutil.Process(outsider.pid))

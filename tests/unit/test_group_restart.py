@@ -13,25 +13,8 @@ from engine_watchdog.core.model import ProcInfo, Result
 from engine_watchdog.peers.discovery import Peer
 from engine_watchdog.peers.group_restart import NodeStop, outcome, write_reports
 from engine_watchdog.peers.restart import NodeRestart, shm_root_from
+from tests.tools.fake_nvml import FakeNvml
 from tests.unit.test_node_clean import UID, FakeProcs, proc, table
-
-
-class GpuHeldBy:
-    """NVML with one device whose compute processes are ``pids``."""
-
-    def __init__(self, *pids: int) -> None:
-        self.pids = pids
-
-    def nvmlInit(self) -> None: ...
-    def nvmlShutdown(self) -> None: ...
-    def nvmlDeviceGetCount(self) -> int:
-        return 1
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        return [type("P", (), {"pid": p})() for p in self.pids]
 
 
 def rank(pid: int) -> ProcInfo:
@@ -50,7 +33,7 @@ def test_the_hook_stops_the_engines_ranks_and_their_children_and_nothing_else(
     me = os.getpid()
     rows = table(proc(10), proc(11, ppid=10), proc(20, uid=1001), proc(me), proc(30))
     fake = FakeProcs(rows)
-    hook = NodeRestart(_none, UID, GpuHeldBy(30), tmp_path, fake, grace_s=0.1)
+    hook = NodeRestart(_none, UID, FakeNvml([30]), tmp_path, fake, grace_s=0.1)
     result = hook.stop_and_clean([rank(10), rank(20), rank(me)])
     assert result["stopped"] == [10] and result["stopped_others"] == [11]
     assert sorted({pid for pid, _ in fake.sent}) == [10, 11]  # not 20, not us, not 30

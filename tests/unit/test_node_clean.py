@@ -7,13 +7,13 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from engine_watchdog.host.proclist import FileId, HostProc
 from engine_watchdog.recovery import node_clean
 from engine_watchdog.recovery.node_clean import EngineRef, clean_node, engine_processes
+from tests.tools.fake_nvml import FakeNvml
 
 UID = 1000
 
@@ -98,26 +98,15 @@ def test_no_nvml_and_no_shm_root(tmp_path: Path) -> None:
     assert report.errors[1] == f"{tmp_path / 'absent'} not checked: No such file or directory"
 
 
-class LaggingNvml:
+class LaggingNvml(FakeNvml):
     """NVML as the H200 showed it: a context listed on for a while after its process exited."""
 
     def __init__(self, pids: Iterable[int], lag_calls: int) -> None:
-        self.pids, self.lag_calls, self.calls = set(pids), lag_calls, 0
+        super().__init__(pids)
+        self.lag_calls = lag_calls
 
-    def nvmlInit(self) -> None: ...
-
-    def nvmlShutdown(self) -> None: ...
-
-    def nvmlDeviceGetCount(self) -> int:
-        return 1
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        self.calls += 1
-        listed = self.pids if self.calls <= 1 + self.lag_calls else set()
-        return [type("Proc", (), {"pid": pid})() for pid in listed]
+    def listed(self) -> list[int]:
+        return self.pids if self.calls <= 1 + self.lag_calls else []
 
 
 @pytest.mark.parametrize(("lag_calls", "clean"), [(3, True), (10_000, False)])
