@@ -89,28 +89,30 @@ def test_podmonitors_select_the_sidecar_and_vllm(rendered: dict[str, list[Obj]])
     assert jobs == {"watchdog": "engine-watchdog", "http": "vllm"}
 
 
-def test_the_incidents_pvc_component_puts_the_incident_dir_on_a_claim(tmp_path: Path) -> None:
-    """Bundles that outlive the pod with kustomize: the claim replaces the emptyDir (one source
-    per volume), and every pod promise of the default variant still holds."""
+DEFAULT_COMPONENTS = ("watchdog-sidecar", "ptrace", "service-account", "readiness-gate")
+"""The default overlay's components (overlays/default)."""
+
+
+def default_with(tmp_path: Path, name: str, *more: str) -> list[Obj]:
+    """The default overlay's objects with ``more`` components, as a user's overlay renders."""
     tree = tmp_path / "kubernetes"
     shutil.copytree(KUBERNETES_DIR, tree)
-    overlay = tree / "overlays" / "persistent"
+    overlay = tree / "overlays" / name
     overlay.mkdir()
-    components = [
-        "watchdog-sidecar",
-        "ptrace",
-        "service-account",
-        "readiness-gate",
-        "incidents-pvc",
-    ]
     doc = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": ["../../base"],
-        "components": [f"../../components/{c}" for c in components],
+        "components": [f"../../components/{c}" for c in (*DEFAULT_COMPONENTS, *more)],
     }
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(doc))
-    objs = render_kustomize(overlay)
+    return render_kustomize(overlay)
+
+
+def test_the_incidents_pvc_component_puts_the_incident_dir_on_a_claim(tmp_path: Path) -> None:
+    """Bundles that outlive the pod with kustomize: the claim replaces the emptyDir (one source
+    per volume), and every pod promise of the default variant still holds."""
+    objs = default_with(tmp_path, "persistent", "incidents-pvc")
     (claim,) = [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
     (dep,) = workloads(objs)
     volumes = dep["spec"]["template"]["spec"]["volumes"]
@@ -130,19 +132,7 @@ def test_the_pod_log_component_grants_get_on_pods_log_only(tmp_path: Path) -> No
     more; every pod promise of the default variant still holds."""
     from tests.deploy.pod_checks import SIDECAR, configmap
 
-    tree = tmp_path / "kubernetes"
-    shutil.copytree(KUBERNETES_DIR, tree)
-    overlay = tree / "overlays" / "with-log"
-    overlay.mkdir()
-    components = ["watchdog-sidecar", "ptrace", "service-account", "readiness-gate", "pod-log"]
-    doc = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": ["../../base"],
-        "components": [f"../../components/{c}" for c in components],
-    }
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(doc))
-    objs = render_kustomize(overlay)
+    objs = default_with(tmp_path, "with-log", "pod-log")
     (dep,) = workloads(objs)
     names = {c["name"] for c in dep["spec"]["template"]["spec"]["containers"]}
     assert configmap(objs, dep)["ENGINE_WATCHDOG_POD_LOG"] in names - {SIDECAR}
