@@ -4,31 +4,11 @@ and no errors."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.tools.bench import ROOT, guard_round
 
 
 def test_baseline_guard_runs_beside_the_guard() -> None:
-    argv = [sys.executable, "-m", "benchmarks.guard", "--streams", "4", "--seconds", "1"]
-    argv += ["--rounds", "1", "--rate", "20", "--baseline", str(ROOT)]
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, out
-    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ")]
-    by_proxy = {cells[1].strip(): cells for cells in rows[1:]}
+    by_proxy, out = guard_round("--streams", "4", "--baseline", str(ROOT))
     assert set(by_proxy) == {"guard", "guard-baseline"}, out
     for cells in by_proxy.values():
         assert float(cells[4]) > 0, out  # proxied events/s
