@@ -86,6 +86,9 @@ class Supervisor:
         self.monotonic = monotonic
         self.liveness_failed = False
         self.restart_limited = False
+        self._refusal_said = False
+        """A refusal by the rate limit is recorded once until a restart is allowed again: an
+        exit and a verdict (engine-dead) both asking for one are one refusal."""
         self.incident: asyncio.Task[None] | None = None
         self.exit_task: asyncio.Task[None] | None = None
         """The restart after the engine's own exit, while it is decided or waits."""
@@ -196,7 +199,7 @@ class Supervisor:
         async with self._restarting:
             allowed, why = self._allowed()
             if not allowed:
-                await self._act(Action.RESTART, self._noop(why, Result.RATE_LIMITED))
+                await self._refused(why)
                 return False
             if Action.CAPTURE in self.policy.actions and verdict.cause != Cause.ENGINE_DEAD:
                 # The CUDA core dump kills the process, so it belongs here and nowhere earlier.
@@ -213,7 +216,14 @@ class Supervisor:
             self._target, self.clock(), self.policy.rate_limit
         )
         self.restart_limited = not allowed
+        if allowed:
+            self._refusal_said = False
         return allowed, why
+
+    async def _refused(self, why: str) -> None:
+        if not self._refusal_said:
+            self._refusal_said = True
+            await self._act(Action.RESTART, self._noop(why, Result.RATE_LIMITED))
 
     def on_exit(self, event: EngineExited) -> None:
         """The supervised engine ended by itself: restart it, under the one rate limit."""
@@ -224,16 +234,13 @@ class Supervisor:
     async def _after_exit(self, event: EngineExited) -> None:
         """A restart refused by the rate limit is recorded once; it waits for the limit to
         allow it (a backoff ends, the window passes) and then restarts."""
-        said = False
         while True:
             async with self._restarting:
                 allowed, why = self._allowed()
                 if allowed:
                     await self._act(Action.RESTART, self._restart_exited(event))
                     return
-                if not said:
-                    await self._act(Action.RESTART, self._noop(why, Result.RATE_LIMITED))
-                    said = True
+                await self._refused(why)
             await asyncio.sleep(EXIT_RETRY_S)
 
     async def _restart_exited(self, event: EngineExited) -> Outcome:

@@ -135,6 +135,24 @@ async def test_restart_limit_survives_a_watchdog_restart(tmp_path: Path) -> None
     assert sup.history.records[-1].result == "rate_limited"
 
 
+async def test_an_exit_and_a_verdict_refused_together_are_one_record(tmp_path: Path) -> None:
+    """A crashed supervised engine is seen twice, as its exit and as an engine-dead verdict:
+    when the rate limit refuses the restart, the history says so once, not once per asker."""
+    from engine_watchdog.recovery.supervise import EngineExited
+
+    limit = RateLimit(max_restarts=0, window_s=3600, backoff_s=0)
+    sup = supervisor(ScriptedActions(), tmp_path, actions=frozenset({"restart"}), rate_limit=limit)
+    sup.report("t", [], verdicts(State.STALLED, "engine-dead"))
+    await eventually(lambda: sup.history.records, timeout=5, what="the refusal")
+    sup.on_exit(EngineExited(T, 1, 1))
+    assert sup.exit_task is not None
+    await asyncio.sleep(0.1)  # the exit's task has asked the limit, and waits for it
+    assert not sup.exit_task.done()
+    sup.exit_task.cancel()
+    await finish(sup, then=verdicts(State.IDLE))
+    assert [(r.action, r.result) for r in sup.history.records] == [("restart", "rate_limited")]
+
+
 def test_backoff_between_restarts(tmp_path: Path) -> None:
     history = ActionHistory(tmp_path / "h.jsonl")
     limit = RateLimit(max_restarts=5, window_s=3600, backoff_s=30)
