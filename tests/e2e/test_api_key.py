@@ -8,23 +8,32 @@ verdict comes at about --fast-stall-seconds. The keyless one's canary gets 401, 
 once; it can only wait for --stall-seconds. Neither writes the key anywhere (log, stdout,
 trace, /status, /metrics) nor has it on its command line.
 
-One vLLM start for the module (40-90 s here) and about 40 s of watching.
+First, on the same engine before its deadlock, the way out of a stall on a real vLLM: an idle
+engine core SIGSTOPped 25 s behind ``guard --action answer``, refused meanwhile, then SIGCONT:
+requests pass through the guard again within one canary round. The guard's canary carries the
+key (--api-key-file); the clients send their own.
+
+One vLLM start for the module (40-90 s here), about 40 s of watching and 45 s of the pause.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psutil
 import pytest
 
 from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.e2e.conftest import ServerFactory
+from tests.tools.guard import completion, start_guard, stop_guard, stream
 from tests.tools.vllm_server import SERVED_MODEL, VllmServer, plugin_env
 from tests.tools.watch import WatchProcess, get, start_watch, stop_watch
 
@@ -48,6 +57,72 @@ def keyed_vllm(
         yield server, trigger
     finally:
         trigger.unlink(missing_ok=True)
+
+
+WAY_OUT_CANARY_TIMEOUT_S = 5.0
+WAY_OUT_STALLED_CANARY_S = 3.0
+WAY_OUT_ROUND_S = WAY_OUT_STALLED_CANARY_S + WAY_OUT_CANARY_TIMEOUT_S + 1.0
+"""One canary round: the wait before the next canary, the canary's own bound, a probe round."""
+WAY_OUT_PAUSE_S = 25.0  # as in the seed
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+async def test_a_paused_idle_vllm_core_resumed_is_admitted_within_one_canary_round(
+    keyed_vllm: tuple[VllmServer, Path], tmp_path: Path
+) -> None:
+    """Before: after SIGCONT every request through the guard got 503 (41 s, and 78 minutes in
+    another run), nothing probing. (First in the module: the deadlock test leaves the engine
+    blocked.)"""
+    server, _ = keyed_vllm
+    key_file = tmp_path / "api-key"
+    key_file.write_text(KEY + "\n")
+    guard = await start_guard(
+        "guard", server.base_url, "--action", "answer", "--canary-after", "1",
+        "--idle-canary-interval", "2", "--canary-timeout", str(WAY_OUT_CANARY_TIMEOUT_S),
+        "--stalled-canary-interval", str(WAY_OUT_STALLED_CANARY_S),
+        "--api-key-file", str(key_file),
+    )  # fmt: skip
+    try:
+        await guard.wait_state("idle", 60)
+        cores = server.engine_core_pids()
+        assert len(cores) == 1, cores
+        os.kill(cores[0], signal.SIGSTOP)
+        try:
+            paused_t = time.monotonic()
+            stalled = await guard.wait_state("stalled", WAY_OUT_PAUSE_S + 30)
+            refused = await _refused(guard.guard_url, paused_t + WAY_OUT_PAUSE_S)
+        finally:
+            os.kill(cores[0], signal.SIGCONT)
+        took = await _admitted_through(guard.guard_url, 3 * WAY_OUT_ROUND_S + 30)
+    finally:
+        await stop_guard(guard)
+    assert stalled["cause"] in ("wedged-idle", "stopped", "no-progress"), stalled
+    assert refused, "the guard never refused while the core was paused"
+    # One canary round, and generous slack for a 2-core machine's vLLM.
+    assert took is not None and took <= WAY_OUT_ROUND_S + 15.0, (took, guard.states())
+
+
+async def _admitted_through(guard_url: str, bound_s: float) -> float | None:
+    """Seconds until a request through the guard gets 200 (one at a time), or None."""
+    started = time.monotonic()
+    async with aiohttp.ClientSession(headers=AUTH) as session:
+        while time.monotonic() - started < bound_s:
+            got = await stream(session, guard_url, completion(SERVED_MODEL, 2), timeout=20)
+            if got.status == 200 and got.error is None:
+                return time.monotonic() - started
+            await asyncio.sleep(0.2)  # between attempts only: the bound is the condition
+    return None
+
+
+async def _refused(guard_url: str, until: float) -> bool:
+    """The guard answers 503 while the core stays paused (until ``until``, monotonic)."""
+    refused = False
+    async with aiohttp.ClientSession(headers=AUTH) as session:
+        while time.monotonic() < until:
+            got = await stream(session, guard_url, completion(SERVED_MODEL, 2), timeout=10)
+            refused = refused or got.status == 503
+            await asyncio.sleep(1.0)  # one look a second: the pause itself is the condition
+    return refused
 
 
 async def _written(watch: WatchProcess, trace: Path, log: Path) -> str:
@@ -82,7 +157,7 @@ async def test_with_the_key_a_deadlocked_engine_is_stalled_fast(
     key_file.write_text(KEY + "\n")
     ways = {"keyed": ["--api-key-file", str(key_file)], "keyless": []}
     files = {w: (tmp_path / f"{w}.jsonl", tmp_path / f"{w}.log") for w in ways}
-    auth = {"Authorization": f"Bearer {KEY}"}
+    auth = AUTH
     watches: dict[str, WatchProcess] = {}
     async with StreamingLoad(server.base_url, clients=4, model=SERVED_MODEL, headers=auth) as load:
         try:
