@@ -2,9 +2,11 @@
 what every proxy must, one read from the engine and one write to the client per chunk, and
 nothing the guard does (no HTTP, no progress notes, no detector). ``relay-c`` is
 benchmarks/relay.c, built here with the system's C compiler: the machine's own floor.
-``relay-asyncio`` is the same in Python on asyncio's loop: the floor of a Python proxy.
+``relay-asyncio`` is the same in Python on asyncio's loop: the floor of a Python proxy;
+``relay-uvloop`` the same on uvloop, the guard's loop: the floor of the guard's own design (one
+Python callback per read), below which only the work the guard adds can be cut.
 
-    python -m benchmarks.relays UPSTREAM_PORT LISTEN_PORT     # the asyncio relay
+    python -m benchmarks.relays UPSTREAM_PORT LISTEN_PORT [--uvloop]    # a Python relay
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from pathlib import Path
 from typing import cast
 
 SOURCE = Path(__file__).with_name("relay.c")
-NAMES = ("relay-c", "relay-asyncio")
+NAMES = ("relay-c", "relay-asyncio", "relay-uvloop")
 
 
 def argv(name: str, upstream_port: int, port: int) -> list[str]:
     """The command of one floor relay, from the engine's port to ``port``."""
-    if name == "relay-asyncio":
-        return [sys.executable, "-m", "benchmarks.relays", str(upstream_port), str(port)]
+    if name in ("relay-asyncio", "relay-uvloop"):
+        loop = ["--uvloop"] if name == "relay-uvloop" else []
+        return [sys.executable, "-m", "benchmarks.relays", str(upstream_port), str(port), *loop]
     return [str(built()), str(upstream_port), str(port)]
 
 
@@ -101,4 +104,9 @@ async def serve(upstream_port: int, port: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(int(sys.argv[1]), int(sys.argv[2])))
+    if "--uvloop" in sys.argv:
+        import uvloop
+
+        uvloop.run(serve(int(sys.argv[1]), int(sys.argv[2])))
+    else:
+        asyncio.run(serve(int(sys.argv[1]), int(sys.argv[2])))
