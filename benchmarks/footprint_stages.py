@@ -97,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Python {sys.version.split()[0]}, MALLOC_ARENA_MAX={arenas}")
     print("| stage | RSS MB | anonymous MB | threads | s |\n|---|---|---|---|---|")
     state: dict[str, Any] = {}
-    print(f"| bare interpreter | {rollup()['Rss']:.1f} | {rollup()['Anonymous']:.1f} | 1 | |")
+    bare = rollup()
+    print(f"| bare interpreter | {bare['Rss']:.1f} | {bare['Anonymous']:.1f} | 1 | |")
     for name, step in stages(args.reads):
         start = time.monotonic()
         try:

@@ -33,7 +33,7 @@ import pytest
 
 from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.e2e.conftest import ServerFactory
-from tests.tools.guard import completion, start_guard, stop_guard, stream
+from tests.tools.guard import admitted_within, completion, start_guard, stop_guard, stream
 from tests.tools.vllm_server import SERVED_MODEL, VllmServer, plugin_env
 from tests.tools.watch import WatchProcess, get, start_watch, stop_watch
 
@@ -93,25 +93,15 @@ async def test_a_paused_idle_vllm_core_resumed_is_admitted_within_one_canary_rou
             refused = await _refused(guard.guard_url, paused_t + WAY_OUT_PAUSE_S)
         finally:
             os.kill(cores[0], signal.SIGCONT)
-        took = await _admitted_through(guard.guard_url, 3 * WAY_OUT_ROUND_S + 30)
+        took = await admitted_within(
+            guard.guard_url, SERVED_MODEL, 3 * WAY_OUT_ROUND_S + 30, timeout=20, headers=AUTH
+        )
     finally:
         await stop_guard(guard)
     assert stalled["cause"] in ("wedged-idle", "stopped", "no-progress"), stalled
     assert refused, "the guard never refused while the core was paused"
     # One canary round, and generous slack for a 2-core machine's vLLM.
     assert took is not None and took <= WAY_OUT_ROUND_S + 15.0, (took, guard.states())
-
-
-async def _admitted_through(guard_url: str, bound_s: float) -> float | None:
-    """Seconds until a request through the guard gets 200 (one at a time), or None."""
-    started = time.monotonic()
-    async with aiohttp.ClientSession(headers=AUTH) as session:
-        while time.monotonic() - started < bound_s:
-            got = await stream(session, guard_url, completion(SERVED_MODEL, 2), timeout=20)
-            if got.status == 200 and got.error is None:
-                return time.monotonic() - started
-            await asyncio.sleep(0.2)  # between attempts only: the bound is the condition
-    return None
 
 
 async def _refused(guard_url: str, until: float) -> bool:
@@ -157,9 +147,8 @@ async def test_with_the_key_a_deadlocked_engine_is_stalled_fast(
     key_file.write_text(KEY + "\n")
     ways = {"keyed": ["--api-key-file", str(key_file)], "keyless": []}
     files = {w: (tmp_path / f"{w}.jsonl", tmp_path / f"{w}.log") for w in ways}
-    auth = AUTH
     watches: dict[str, WatchProcess] = {}
-    async with StreamingLoad(server.base_url, clients=4, model=SERVED_MODEL, headers=auth) as load:
+    async with StreamingLoad(server.base_url, clients=4, model=SERVED_MODEL, headers=AUTH) as load:
         try:
             for way, args in ways.items():
                 trace, log = files[way]

@@ -1,4 +1,4 @@
-"""The way out of a stall, simulator tier (tests/e2e/test_recovery.py has the real vLLM's): an idle
+"""The way out of a stall, simulator tier (tests/e2e/test_api_key.py has the real vLLM's): an idle
 engine's core paused (SIGSTOP of the engine-core child only, the API process answering) made
 the idle canary time out, the verdict ``stalled (wedged-idle)`` and the guard refuse. After
 SIGCONT every request through the guard still got 503: nothing probed in that state (the guard
@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from engine_watchdog.sim.launcher import SimProcess
-from tests.tools.guard import GuardProcess, completion, stream, watched
+from tests.tools.guard import admitted_within, completion, stream, watched
 
 pytestmark = pytest.mark.timeout(180)
 MODEL = "m"
@@ -27,18 +27,6 @@ STALLED_CANARY_S = 2.0
 INTERVAL_S = 1.0
 ROUND_S = STALLED_CANARY_S + CANARY_TIMEOUT_S + INTERVAL_S
 """One canary round: the wait before the next canary, the canary's own bound, a probe round."""
-
-
-async def admitted_within(guard: GuardProcess, bound_s: float) -> float | None:
-    """Seconds until a request through the guard gets 200 (one request at a time), or None."""
-    started = time.monotonic()
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() - started < bound_s:
-            got = await stream(s, guard.guard_url, completion(MODEL, 2), timeout=10)
-            if got.status == 200 and got.error is None:
-                return time.monotonic() - started
-            await asyncio.sleep(0.2)
-    return None
 
 
 async def test_a_paused_idle_core_resumed_is_admitted_within_one_canary_round() -> None:
@@ -69,7 +57,7 @@ async def test_a_paused_idle_core_resumed_is_admitted_within_one_canary_round() 
         finally:
             os.kill(core, signal.SIGCONT)
         resumed_t = time.time()
-        took = await admitted_within(guard, 3 * ROUND_S)
+        took = await admitted_within(guard.guard_url, MODEL, 3 * ROUND_S, timeout=10)
         idle = await guard.wait_state("idle", 10, since=stalled["read_t"])
     assert stalled["cause"] in ("wedged-idle", "stopped", "no-progress"), stalled
     assert refused.status == 503 and still.status == 503, (refused.status, still.status)

@@ -190,6 +190,24 @@ async def stream(
     return got
 
 
+async def admitted_within(
+    guard_url: str,
+    model: str,
+    bound_s: float,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> float | None:
+    """Seconds until a request through the guard gets 200 (one at a time), or None."""
+    started = time.monotonic()
+    async with aiohttp.ClientSession(headers=headers) as session:
+        while time.monotonic() - started < bound_s:
+            got = await stream(session, guard_url, completion(model, 2), timeout=timeout)
+            if got.status == 200 and got.error is None:
+                return time.monotonic() - started
+            await asyncio.sleep(0.2)  # between attempts only: the bound is the condition
+    return None
+
+
 async def post_json(url: str, body: dict[str, Any], timeout: float = 10.0) -> Any:
     async with (
         aiohttp.ClientSession() as s,
