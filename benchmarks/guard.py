@@ -40,7 +40,7 @@ import aiohttp
 import psutil
 from yarl import URL
 
-from benchmarks import clients, proxy_peers, relays
+from benchmarks import clients, profile, proxy_peers, relays
 from engine_watchdog.guard.proxy import raise_open_files_limit
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from tests.tools.cli import CONSOLE_SCRIPT
@@ -261,7 +261,24 @@ async def bench(
             for name in proxies:
                 rows.append(Row(streams, direct, through[name], idle[name], name))
                 print(" | ".join(rows[-1].cells(True)), flush=True)
+            await profiled(proxies, model, streams, seconds)
     return rows
+
+
+PROFILE_DIR: list[Path] = []
+"""--profile: where the py-spy profiles go (benchmarks/profile.py); none when empty."""
+
+
+async def profiled(
+    proxies: dict[str, tuple[str, psutil.Process]], model: str, streams: int, seconds: float
+) -> None:
+    """One more phase through each Python proxy, sampled by py-spy (not a measured one)."""
+    for name, (url, proc) in proxies.items() if PROFILE_DIR else ():
+        if name in profile.PYTHON_PROXIES:
+            out = PROFILE_DIR[0] / f"{name}-{streams}.txt"
+            async with profile.recording(proc.pid, WARMUP_S + streams / 100, seconds, out):
+                await phase_of(url, model, streams, seconds, None)
+            print(profile.summary(out), flush=True)
 
 
 async def phase_of(
@@ -296,6 +313,9 @@ async def main_async(args: argparse.Namespace) -> None:
     names += ["naive"] * args.naive
     names += list(relays.NAMES) if args.floor else []
     CLIENT_PROCS[0] = args.client_procs
+    if args.profile:
+        PROFILE_DIR[:] = [Path(args.profile)]
+        PROFILE_DIR[0].mkdir(parents=True, exist_ok=True)
     if args.peers:
         try:
             await asyncio.to_thread(proxy_peers.ensure_installed)
@@ -354,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--client-procs", type=int, default=1, help="client processes")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS[0])
     parser.add_argument("--vllm", action="store_true", help="start the e2e tests' CPU vLLM")
+    parser.add_argument("--profile", help="also a py-spy profile of each Python proxy, here")
     asyncio.run(main_async(parser.parse_args(argv)))
     return 0
 

@@ -9,6 +9,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from engine_watchdog.guard.errors import Ending
+from engine_watchdog.guard.tokens import Scan
 
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer"}
@@ -39,9 +40,9 @@ class Exchange:
         "key",
         "label",
         "last_event_t",
-        "pending",
         "pump",
         "response",
+        "scan",
         "sse",
         "started_t",
         "upstream",
@@ -62,8 +63,8 @@ class Exchange:
         self.events = 0
         """Events that carried generated content (guard/tokens.py)."""
         self.sse = False
-        self.pending = b""
-        """The stream's unfinished event (guard/tokens.py): empty on an event boundary."""
+        self.scan = Scan()
+        """The stream's token scan (guard/tokens.py), with its unfinished event."""
         self.ending: Ending | None = None
         self.detail = ""
         self.pump: asyncio.Task[web.StreamResponse] | None = None

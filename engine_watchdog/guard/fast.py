@@ -60,7 +60,8 @@ def request_head(
 
 
 class Client:
-    """Where a relayed body goes: the client's connection and its request's progress."""
+    """Where a relayed body goes: the client's connection and its request's progress (plain
+    data: :meth:`EngineSide._pass_on` writes to it, one Python call less per event)."""
 
     __slots__ = ("clock", "ex", "framed", "high", "note", "transport")
 
@@ -78,22 +79,6 @@ class Client:
         self.framed = framed
         self.clock = clock
         self.high = transport.get_write_buffer_limits()[1]
-
-    def put(self, piece: bytes) -> bool:
-        """Note one piece and write it at once; True when the client's buffer went over its
-        high-water mark (the transport has paused aiohttp's writer: drain() waits for it)."""
-        now = self.clock()
-        ex = self.ex
-        if self.note is not None:
-            self.note(ex, piece, now)
-        transport = self.transport
-        # (the chunk framed inline: one Python call less per event on the hot path)
-        transport.write(b"%x\r\n%b\r\n" % (len(piece), piece) if self.framed else piece)
-        if ex.waiting_since is None:  # (only after the client held it: see Relay)
-            ex.waiting_since = now
-        # else unchanged: bytes without a token (keepalives, empty deltas) are no progress, and
-        # the guard has been waiting on the engine for a token all along (case 2)
-        return transport.get_write_buffer_size() > self.high
 
 
 class EngineSide(asyncio.Protocol):
@@ -167,17 +152,29 @@ class EngineSide(asyncio.Protocol):
 
     def _pass_on(self) -> None:
         """The pieces ready as one piece: one note (the token scan cuts events across pieces
-        anyway) and one write, however many chunks the engine's read held."""
+        anyway) and one write, however many chunks the engine's read held. The hot path."""
         ready, client = self._ready, self._client
         assert client is not None
         piece = ready[0] if len(ready) == 1 else b"".join(ready)
         ready.clear()
-        if client.transport.is_closing():
+        transport, ex = client.transport, client.ex
+        if transport.is_closing():
             self._fail(ConnectionResetError("the client went away"))
-        elif client.put(piece):
+            return
+        now = client.clock()
+        if client.note is not None:
+            client.note(ex, piece, now)
+        transport.write(b"%x\r\n%b\r\n" % (len(piece), piece) if client.framed else piece)
+        if ex.waiting_since is None:  # (only after the client held it: see below)
+            ex.waiting_since = now
+        # else unchanged: bytes without a token (keepalives, empty deltas) are no progress, and
+        # the guard has been waiting on the engine for a token all along (case 2)
+        if transport.get_write_buffer_size() > client.high:
+            # the client's buffer is over its high-water mark (the transport has paused
+            # aiohttp's writer: drain() waits for it): the engine waits for the client
             assert self.transport is not None
             self.transport.pause_reading()
-            client.ex.waiting_since = None  # on the client now: a slow reader holds its own
+            ex.waiting_since = None  # on the client now: a slow reader holds its own
             self._client_full = True
             self._poke()
 

@@ -222,7 +222,7 @@ class Guard:
         """The hot path: count the events a piece of an SSE stream ends that carry tokens (the
         others, keepalives and empty deltas, are no progress: guard/tokens.py) and time them
         (first token, gaps): the gap histogram and the request judge see the same events."""
-        n, ex.pending = tokens.count(ex.pending, chunk)
+        n = ex.scan.count(chunk)
         if not n:
             return
         stats, last = self.stats, ex.last_event_t
@@ -233,8 +233,9 @@ class Guard:
             first.counts[bisect_left(first.bounds, now - ex.started_t)] += 1
             first.total += now - ex.started_t
         else:
-            stats.gaps.counts[bisect_left(GAP_BOUNDS, now - last)] += 1
-            stats.gaps.total += now - last
+            gap, gaps = now - last, stats.gaps
+            gaps.counts[bisect_left(GAP_BOUNDS, gap)] += 1
+            gaps.total += gap
         ex.last_event_t = self.last_event_t = now
         ex.events += n
         stats.events += n
@@ -249,7 +250,7 @@ class Guard:
         if resp is None:
             return json_error(ex.detail, retry_after=self.settings.retry_after_s)
         if ex.sse:
-            complete = not ex.pending
+            complete = not ex.scan.pending
             with contextlib.suppress(ConnectionResetError, RuntimeError):
                 await resp.write(sse_error(ex.detail, complete))
                 await resp.write_eof()

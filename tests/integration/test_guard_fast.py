@@ -201,7 +201,7 @@ async def test_an_ended_request_gets_the_error_event_then_done() -> None:
     in_event = [SSE_HEAD, chunks(b"data: 1\n\ndata: par", b"tial")]
     async with raw_engine(in_event, "hold") as engine, guarded(engine.url) as (guard, url):
         streams = [asyncio.create_task(read_all(url, f"s-{i}")) for i in range(2)]
-        await until(lambda: [ex.pending[-4:] for ex in guard.open.values()] == [b"tial"] * 2)
+        await until(lambda: [ex.scan.pending[-4:] for ex in guard.open.values()] == [b"tial"] * 2)
         assert guard.end_all("stalled") == 2
         bodies = [body for _, body in await asyncio.gather(*streams)]
         await until(lambda: engine.closed_by_peer == 2)
