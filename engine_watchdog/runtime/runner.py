@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from engine_watchdog.core.settings import (
     ProcessSettings,
@@ -29,7 +28,7 @@ from engine_watchdog.report.console import verdict_dict
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.runtime.assembly import ConsoleReporter, Target, Task, assemble
 from engine_watchdog.runtime.loop import release_freed_memory
-from engine_watchdog.runtime.server import make_app, start_server
+from engine_watchdog.runtime.server import Server, make_app, start_server
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
 from engine_watchdog.runtime.supervisor import ActionListener
 from engine_watchdog.runtime.watcher import Reporter, Watcher
@@ -223,7 +222,7 @@ async def _close(target: Target) -> None:
 
 async def _serve(
     process: ProcessSettings, metrics: WatchdogMetrics, targets: list[Target], stop: asyncio.Event
-) -> web.AppRunner | None:
+) -> Server | None:
     if not process.listen:
         return None
 
