@@ -1,7 +1,9 @@
 """Where ``watch``'s memory goes: one process importing and starting the GPU probe stage by
-stage, its RSS (and the anonymous part of it) after each, then the largest mappings.
+stage, its RSS (and the anonymous part of it) after each, then the largest mappings; last, a
+real ``watch`` (the command line, in a child process) against the simulator: its RSS after
+``--watch-seconds`` and the modules it holds that the staged process does not.
 
-    python3 -m benchmarks.footprint_stages [--reads 50] [--top 12]
+    python3 -m benchmarks.footprint_stages [--reads 50] [--top 12] [--watch-seconds 15]
 
 Run it where NVML has a GPU (the device machine); without one the NVML stages say why they
 stopped. ``MALLOC_ARENA_MAX=1`` in the environment shows how much of NVML's share is glibc's
@@ -20,12 +22,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-RUNTIME_IMPORTS = (
-    "engine_watchdog.runtime.runner",
-    "engine_watchdog.guard.proxy",
-    "engine_watchdog.capture.bundle",
-)
-"""What a running ``watch`` imports beyond its command line (the runtime, guard and capture)."""
+RUNNER = ("engine_watchdog.runtime.runner",)
+"""What the ``watch`` command imports when it runs, beyond its command line; the guard, capture,
+the peers and the other commands are imported only when a flag or an incident needs them."""
 
 
 def rollup() -> dict[str, float]:
@@ -78,7 +77,7 @@ def stages(reads: int) -> list[tuple[str, Callable[[dict[str, Any]], object]]]:
 
     return [
         ("engine_watchdog.cli.main", lambda s: importlib.import_module("engine_watchdog.cli.main")),
-        ("the runtime's imports", lambda s: [importlib.import_module(m) for m in RUNTIME_IMPORTS]),
+        ("watch's imports (runtime.runner)", lambda s: [*map(importlib.import_module, RUNNER)]),
         ("import pynvml", lambda s: s.update(nvml=importlib.import_module("pynvml"))),
         ("nvmlInit()", nvml_init),
         ("probe started (handles, GPM buffers, Xid set)", probe_start),
@@ -92,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="watch's RSS, stage by stage")
     parser.add_argument("--reads", type=int, default=50)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--watch-seconds", type=float, default=15, help="0: no real watch")
     args = parser.parse_args(argv)
     arenas = os.environ.get("MALLOC_ARENA_MAX", "glibc's default")
     print(f"Python {sys.version.split()[0]}, MALLOC_ARENA_MAX={arenas}")
@@ -113,6 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nlargest mappings (RSS MB):")
     for rss, what in largest_mappings(args.top):
         print(f"  {rss:6.1f}  {what}")
+    if args.watch_seconds > 0:
+        staged = set(sys.modules)  # before the simulator's launcher comes in
+        from benchmarks.footprint_watch import report_real_watch
+
+        report_real_watch(args.watch_seconds, staged)
     return 0
 
 

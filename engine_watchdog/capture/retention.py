@@ -15,7 +15,6 @@ import os
 import re
 import secrets
 import shutil
-import tarfile
 import time
 from pathlib import Path
 
@@ -63,6 +62,8 @@ def release(tmp: Path) -> None:
 
 def tar_into_place(tmp: Path, incident_dir: Path, name: str) -> Path:
     """Pack ``tmp`` as ``<name>.tar.gz`` (top folder ``name``), rename it into place, drop tmp."""
+    import tarfile  # an incident's only: watch imports this module at start (remove_abandoned)
+
     token = secrets.token_hex(4)
     staging = incident_dir / f"{NEW_PREFIX}{token}.tar.gz"
     os.close(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

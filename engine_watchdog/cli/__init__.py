@@ -1,8 +1,9 @@
 """The command line (cli/main.py is the console script's entry point).
 
-Importing the command line takes a moment (click, aiohttp, prometheus_client): a Ctrl-C then
-would print a KeyboardInterrupt traceback. Until :func:`engine_watchdog.cli.main.main` runs,
-SIGINT exits 130 quietly instead, in the console script only (main puts Python's own handler back).
+Importing the command line takes a moment (click, asyncio; each command's own modules come
+later, in main()): a Ctrl-C then would print a KeyboardInterrupt traceback. Until
+:func:`engine_watchdog.cli.main.main` runs, SIGINT exits 130 quietly instead, in the console
+script only (main puts Python's own handler back).
 """
 
 import os

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from engine_watchdog import __version__
+from engine_watchdog.cli.commands import LazyGroup
 from engine_watchdog.cli.errors import EXIT_SOFTWARE, EXIT_USAGE, CliError
 from engine_watchdog.cli.numbers import POSITIVE, env_source
 from engine_watchdog.cli.options import (
@@ -46,7 +47,7 @@ from engine_watchdog.runtime.loop import run as run_loop
 EXIT_INTERRUPTED = 130
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="engine-watchdog")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def cli(verbose: bool) -> None:
@@ -186,13 +187,6 @@ def check(timeout: float | None, **kw: Any) -> None:
     sys.exit(code)
 
 
-def _register_optional() -> None:
-    """Commands that live next to their subsystem (sim, capture, ...)."""
-    from engine_watchdog.cli.commands import register
-
-    register(cli)
-
-
 def _internal_error(exc: Exception, argv: list[str]) -> int:
     if "-v" in argv or "--verbose" in argv:
         traceback.print_exc()
@@ -224,7 +218,6 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if argv is None:
             _own_title_without_secrets()
-        _register_optional()  # imports: a Ctrl-C may come here too
         code = cli.main(args=argv, prog_name="engine-watchdog", standalone_mode=False)
     except click.exceptions.Exit as exc:
         code = exc.exit_code

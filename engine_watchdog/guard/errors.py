@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from aiohttp import web
+if TYPE_CHECKING:
+    from aiohttp import web
 
 DONE = b"data: [DONE]\n\n"
 
@@ -52,6 +54,10 @@ def sse_error(message: str, complete: bool) -> bytes:
 def json_error(
     message: str, status: int = 503, kind: str = "ServiceUnavailableError", retry_after: int = 0
 ) -> web.Response:
+    # aiohttp's server imported here, by the guard only: the supervisor reads this module's
+    # MESSAGES in every watch, which serves nothing through aiohttp.web (runtime/server.py).
+    from aiohttp import web
+
     headers = {"Retry-After": str(retry_after)} if retry_after else {}
     return web.Response(
         body=error_doc(message, status, kind),

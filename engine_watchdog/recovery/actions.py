@@ -13,15 +13,11 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from engine_watchdog.capture.bundle import BundleError, BundleSettings, write_bundle
-from engine_watchdog.capture.cuda import ENABLE_VAR, core_dump_enabled
-from engine_watchdog.capture.engine_version import read_engine_version
 from engine_watchdog.capture.step import CaptureStep
-from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
 from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
 from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
 from engine_watchdog.engines.profile import EngineProfile
@@ -35,6 +31,9 @@ from engine_watchdog.recovery.restart import (
     kill_engine_core,
     run_restart_command,
 )
+
+if TYPE_CHECKING:
+    from engine_watchdog.capture.bundle import BundleSettings
 
 log = logging.getLogger(__name__)
 StepsFactory = Callable[[bool], Sequence[CaptureStep]]
@@ -110,23 +109,17 @@ class EngineActions:
         self.last_bundle: str | None = None
 
     async def capture(self, verdict: Verdict, destructive: bool) -> Outcome:
+        # Imported at the first capture, not at start: a sidecar that never sees an incident
+        # never holds the bundle writer, its steps and the known hangs (docs/performance.md).
+        from engine_watchdog.capture.bundle import BundleError, write_bundle
+        from engine_watchdog.capture.cuda import ENABLE_VAR, core_dump_enabled
+
         procs = await self.engine.find_procs()
         if destructive and not await asyncio.to_thread(core_dump_enabled, procs):
             return Outcome(
                 Result.SKIPPED, f"no engine process has {ENABLE_VAR}=1: no CUDA core dump"
             )
-        capture = self.capture_settings
-        if destructive:
-            capture = replace(capture, step_timeout_s=DESTRUCTIVE_STEP_TIMEOUT_S)
-        # The profile's name, not the setting: "--engine auto" is resolved by now.
-        bundle = BundleSettings(
-            capture,
-            engine=self.engine.profile.name,
-            destructive=destructive,
-            tools=tools_with(capture.py_spy),
-            engine_version=lambda: read_engine_version(self.engine.session, self.engine.connection),
-            pod_log=self.pod_log,
-        )
+        bundle = self._bundle_settings(destructive)
         timeline = self.engine.recent_records()
         try:
             result = await write_bundle(bundle, verdict, procs, timeline, self.steps(destructive))
@@ -141,6 +134,24 @@ class EngineActions:
         known = f"; resembles known hang {result.signature}" if result.signature != "none" else ""
         return Outcome(
             Result.OK, f"bundle {result.path} in {result.elapsed_s:.1f} s ({statuses}){known}"
+        )
+
+    def _bundle_settings(self, destructive: bool) -> BundleSettings:
+        from engine_watchdog.capture.bundle import BundleSettings
+        from engine_watchdog.capture.engine_version import read_engine_version
+        from engine_watchdog.capture.steps import DESTRUCTIVE_STEP_TIMEOUT_S
+
+        capture = self.capture_settings
+        if destructive:
+            capture = replace(capture, step_timeout_s=DESTRUCTIVE_STEP_TIMEOUT_S)
+        # The profile's name, not the setting: "--engine auto" is resolved by now.
+        return BundleSettings(
+            capture,
+            engine=self.engine.profile.name,
+            destructive=destructive,
+            tools=tools_with(capture.py_spy),
+            engine_version=lambda: read_engine_version(self.engine.session, self.engine.connection),
+            pod_log=self.pod_log,
         )
 
     async def abort(self) -> Outcome:

@@ -8,25 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from engine_watchdog.capture.retention import remove_abandoned
 from engine_watchdog.capture.step import CaptureStep
-from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.core.model import Action, Observation, Outcome
-from engine_watchdog.core.settings import (
-    SettingsError,
-    WatchSettings,
-    parse_listen,
-)
-from engine_watchdog.guard.proxy import Guard
-from engine_watchdog.guard.stats import GuardCollector
+from engine_watchdog.core.settings import SettingsError, WatchSettings, parse_listen
 from engine_watchdog.net.connection import EngineConnection, connection_for
+from engine_watchdog.peers.discovery import in_lws
 from engine_watchdog.probes.procs import url_port
 from engine_watchdog.recovery.actions import EngineActions, GroupStop
 from engine_watchdog.recovery.handoff import BundleHandOff
@@ -35,19 +31,16 @@ from engine_watchdog.recovery.orphans import end_orphan, pid_file
 from engine_watchdog.recovery.supervise import ChildEngine, EngineExited
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.runtime.events import Channel, RequestsStuck
-from engine_watchdog.runtime.peering import Peering, target_peering
 from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.recording import TraceWriter
 from engine_watchdog.runtime.reporters import ConsoleReporter, MetricsReporter
-from engine_watchdog.runtime.services import (
-    Pusher,
-    Task,
-    pod_log,
-    readiness_gate,
-    service_pushers,
-)
+from engine_watchdog.runtime.services import Pusher, Task, pod_log, readiness_gate, service_pushers
 from engine_watchdog.runtime.supervisor import GuardOrders, Supervisor
 from engine_watchdog.runtime.watcher import Reporter, Watcher
+
+if TYPE_CHECKING:  # imported where used: a plain watch holds neither (docs/performance.md)
+    from engine_watchdog.guard.proxy import Guard
+    from engine_watchdog.runtime.peering import Peering
 
 log = logging.getLogger(__name__)
 __all__ = ["ConsoleReporter", "MetricsReporter", "Target", "Task", "assemble"]
@@ -126,7 +119,7 @@ async def assemble(
         MetricsReporter(metrics, watcher, bus.observed),
     ]
     tasks: dict[str, Task] = {}
-    peering = await target_peering(settings, session, watcher, guard_listen)
+    peering = await _peering(settings, session, watcher, guard_listen)
     if peering is not None:
         tasks[f"peers:{settings.url}"] = peering.serve()
     pushers = service_pushers(settings, session, tasks)
@@ -156,6 +149,9 @@ async def _guard(
     settings: WatchSettings, connection: EngineConnection, listen: str, metrics: WatchdogMetrics
 ) -> Guard:
     """The guard in front of the engine, listening: the watcher's probe."""
+    from engine_watchdog.guard.proxy import Guard
+    from engine_watchdog.guard.stats import GuardCollector
+
     # The real address and TLS trust of the one connection, never the display URL; the guard
     # gets no credential (a client without any meets the engine's own 401).
     guard = Guard(settings.guard, connection.upstream())
@@ -172,6 +168,18 @@ async def _guard(
         )
     )
     return guard
+
+
+async def _peering(
+    settings: WatchSettings, session: aiohttp.ClientSession, watcher: Watcher, listen: str | None
+) -> Peering | None:
+    """This node's peering in a group (--peers, or LeaderWorkerSet's environment); a single
+    node, the common case, imports none of peers/ (its server, fan-out and restarts)."""
+    if not settings.peers.peers and not in_lws(os.environ):
+        return None
+    from engine_watchdog.runtime.peering import target_peering
+
+    return await target_peering(settings, session, watcher, listen)
 
 
 async def _history(settings: WatchSettings, metrics: WatchdogMetrics) -> ActionHistory:
@@ -249,11 +257,7 @@ def _supervisor(
         watcher,
         capture,
         settings.recovery,
-        # The fan-out on the capture rung only: a destructive capture is part of a restart.
-        steps=lambda destructive: [
-            *capture_steps(destructive, watcher.gpu),
-            *([] if destructive else fan_out),
-        ],
+        steps=lambda destructive: _capture_steps(destructive, watcher, fan_out),
         restarter=child.restart if child else None,
         on_bundle=metrics.count_incident,
         hand_off=_hand_off(settings, history),
@@ -278,6 +282,16 @@ def _supervisor(
         exits=bus.exits,
         stuck=bus.stuck if guard is not None else None,
     )
+
+
+def _capture_steps(
+    destructive: bool, watcher: Watcher, fan_out: list[CaptureStep]
+) -> list[CaptureStep]:
+    """An incident's steps; their modules (py-spy, NVML, flight recorder) imported then."""
+    from engine_watchdog.capture.steps import capture_steps
+
+    # The fan-out on the capture rung only: a destructive capture is part of a restart.
+    return [*capture_steps(destructive, watcher.gpu), *([] if destructive else fan_out)]
 
 
 def _hand_off(settings: WatchSettings, history: ActionHistory) -> BundleHandOff | None:

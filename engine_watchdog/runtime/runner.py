@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from engine_watchdog.core.settings import (
     ProcessSettings,
@@ -22,7 +21,6 @@ from engine_watchdog.core.settings import (
     WatchSettings,
     parse_listen,
 )
-from engine_watchdog.guard.drain import ANSWER_S, drain
 from engine_watchdog.host.logs import bind
 from engine_watchdog.net.bounded import bounded, end_tasks
 from engine_watchdog.recovery.supervise import OUTPUT_DRAIN_S, STOP_GRACE_S
@@ -30,7 +28,7 @@ from engine_watchdog.report.console import verdict_dict
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.runtime.assembly import ConsoleReporter, Target, Task, assemble
 from engine_watchdog.runtime.loop import release_freed_memory
-from engine_watchdog.runtime.server import make_app, start_server
+from engine_watchdog.runtime.server import Server, make_app, start_server
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
 from engine_watchdog.runtime.supervisor import ActionListener
 from engine_watchdog.runtime.watcher import Reporter, Watcher
@@ -199,6 +197,8 @@ def _stop_budget(
     """The longest an orderly stop may take before the backstop ends the process."""
     budget = MARGIN_S
     if process.guard_listen:
+        from engine_watchdog.guard.drain import ANSWER_S  # the guard's modules: with it only
+
         budget += first.guard.drain_s + ANSWER_S
     if command:
         budget += CHILD_STOP_S
@@ -207,8 +207,12 @@ def _stop_budget(
 
 async def _drain(targets: list[Target]) -> None:
     """Every guard drains at once, each within its own budget (guard/drain.py)."""
-    drains = [drain(t.guard, t.settings.guard.drain_s) for t in targets if t.guard is not None]
-    await asyncio.gather(*drains)
+    guarded = [t for t in targets if t.guard is not None]
+    if not guarded:  # a plain watch: no guard module imported at start or at stop
+        return
+    from engine_watchdog.guard.drain import drain
+
+    await asyncio.gather(*(drain(t.guard, t.settings.guard.drain_s) for t in guarded if t.guard))
 
 
 async def _close(target: Target) -> None:
@@ -218,7 +222,7 @@ async def _close(target: Target) -> None:
 
 async def _serve(
     process: ProcessSettings, metrics: WatchdogMetrics, targets: list[Target], stop: asyncio.Event
-) -> web.AppRunner | None:
+) -> Server | None:
     if not process.listen:
         return None
 

@@ -1,26 +1,27 @@
 """The parts of one watched target that talk to services beside the engine: Kubernetes Events,
 Alertmanager, the readiness gate, the engine container's log through the API. Each is built
 from its own options, checked at start (a missing pod env is a SettingsError then, not at the
-first stall)."""
+first stall). Each module is imported only when its option is given: a plain ``watch`` holds
+none of them (docs/performance.md)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import aiohttp
 
-from engine_watchdog.capture.pod_log import pod_log_reader
 from engine_watchdog.core.settings import CaptureSettings, WatchSettings
-from engine_watchdog.net.k8s_api import pod_for
-from engine_watchdog.report.alertmanager import AlertmanagerReporter
-from engine_watchdog.report.k8s_events import EventsReporter
 from engine_watchdog.report.metrics import WatchdogMetrics
-from engine_watchdog.report.readiness import ReadinessGate
+
+if TYPE_CHECKING:
+    from engine_watchdog.report.alertmanager import AlertmanagerReporter
+    from engine_watchdog.report.k8s_events import EventsReporter
+    from engine_watchdog.report.readiness import ReadinessGate
 
 Task = Coroutine[Any, Any, None]
-Pusher = EventsReporter | AlertmanagerReporter
+Pusher: TypeAlias = "EventsReporter | AlertmanagerReporter"
 
 
 def service_pushers(
@@ -29,11 +30,16 @@ def service_pushers(
     """The reporters that push to a service (K8s Events, Alertmanager), each a long task."""
     pushers: list[Pusher] = []
     if settings.report.k8s_events:
+        from engine_watchdog.net.k8s_api import pod_for
+        from engine_watchdog.report.k8s_events import EventsReporter
+
         where = settings.report.k8s_events
         pod = pod_for(where, "--k8s-events", "events-rbac")
         pushers.append(EventsReporter(session, pod))
         tasks[f"k8s-events:{settings.url}"] = pushers[-1].run()
     if settings.report.alertmanager:
+        from engine_watchdog.report.alertmanager import AlertmanagerReporter
+
         pushers.append(
             AlertmanagerReporter(session, settings.report.alertmanager, extra_labels=pod_labels())
         )
@@ -48,6 +54,9 @@ def pod_log(
     its own, --engine-log or run mode's, wins)."""
     if not capture.pod_log or capture.engine_log is not None:
         return None
+    from engine_watchdog.capture.pod_log import pod_log_reader
+    from engine_watchdog.net.k8s_api import pod_for
+
     pod = pod_for(capture.pod_log_api, "--pod-log", "pod-log")
     return pod_log_reader(session, pod, capture.pod_log, capture.log_tail_bytes)
 
@@ -62,6 +71,9 @@ def readiness_gate(
     where = settings.report.readiness_gate
     if not where:
         return None
+    from engine_watchdog.net.k8s_api import pod_for
+    from engine_watchdog.report.readiness import ReadinessGate
+
     pod = pod_for(where, "--readiness-gate", "readiness-gate")
     target = settings.url
     metrics.start_readiness(target)

@@ -309,7 +309,7 @@ def test_the_watchdog_s_own_cli_takes_the_sidecars_command_lines(
     from engine_watchdog.cli.commands import register
     from engine_watchdog.cli.main import cli
 
-    register(cli)  # what main() does before it runs a command
+    register(cli)  # every command attached now (main() imports each when it runs)
     if "peer" not in cli.list_commands(click.Context(cli)):
         pytest.skip("this engine-watchdog has no `peer` command (the multi-node CLI) yet")
     objs = list(L.rendered("helm-lws"))

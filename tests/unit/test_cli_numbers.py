@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import click
 
-from engine_watchdog.cli.main import _register_optional, cli
+from engine_watchdog.cli.commands import register
+from engine_watchdog.cli.main import cli
 from engine_watchdog.cli.numbers import Number
 
 
 def test_no_option_takes_a_float_click_does_not_check() -> None:
-    _register_optional()
+    register(cli)
     loose = []
     for name, command in cli.commands.items():
         if name == "sim":  # the simulator stands alone (it imports nothing of the watchdog)
