@@ -1,7 +1,8 @@
 """The watchdog's own HTTP endpoints: /metrics, /livez, /readyz, /status. Read-only.
 
-A few lines of HTTP/1.1 over asyncio's streams, not aiohttp's server: every request is a GET of
-one of four fixed paths, answered at once from memory, the connection then closed. aiohttp.web
+httptools (llhttp, the guard's parser) reads each request head over asyncio's streams, not
+aiohttp's server: every request is a GET of one of four fixed paths, answered at once from
+memory, the connection then closed. aiohttp.web
 (with argparse, html, its router and protocol) would hold about 2 MB more in a sidecar that runs
 for weeks (docs/performance.md, "Footprint of watch"); aiohttp's client stays, for the probes.
 """
@@ -15,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import httptools
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
@@ -94,14 +96,10 @@ class Server:
                 await writer.wait_closed()
 
     async def _answer(self, reader: asyncio.StreamReader) -> bytes | None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-        except asyncio.LimitOverrunError:
-            return response(431, TEXT, b"431: Request Header Fields Too Large", head=False)
-        parts = head.split(b"\r\n", 1)[0].split(b" ")
-        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-            return response(400, TEXT, b"400: Bad Request", head=False)
-        method, target = parts[0], parts[1].split(b"?", 1)[0].decode("latin-1")
+        head = await asyncio.wait_for(read_head(reader), HEAD_TIMEOUT_S)
+        if isinstance(head, int):
+            return response(head, TEXT, f"{head}: {REASONS[head]}".encode(), head=False)
+        method, target = head
         handler = self.app.get(target)
         if handler is None:
             return response(404, TEXT, b"404: Not Found", method == b"HEAD")
@@ -113,6 +111,39 @@ class Server:
             log.exception("GET %s failed", target)
             code, content_type, body = 500, TEXT, b"500: Internal Server Error"
         return response(code, content_type, body, method == b"HEAD")
+
+
+class Head:
+    """httptools' callbacks for one request head: its target, and whether it is whole."""
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.whole = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_headers_complete(self) -> None:
+        self.whole = True
+
+
+async def read_head(reader: asyncio.StreamReader) -> tuple[bytes, str] | int:
+    """The request's method and path, or the status that refuses it (400, 431)."""
+    head, size = Head(), 0
+    parser = httptools.HttpRequestParser(head)
+    while not head.whole:
+        data = await reader.read(HEAD_LIMIT)
+        if not data:
+            raise asyncio.IncompleteReadError(b"", None)
+        size += len(data)
+        try:
+            parser.feed_data(data)
+            path = httptools.parse_url(head.url).path if head.whole else b""
+        except httptools.HttpParserError:  # (an upgrade or a bad URL is one too)
+            return 400
+        if size > HEAD_LIMIT:
+            return 431
+    return parser.get_method(), path.decode("latin-1")
 
 
 def response(code: int, content_type: str, body: bytes, head: bool, extra: bytes = b"") -> bytes:

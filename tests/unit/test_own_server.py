@@ -65,7 +65,8 @@ async def test_head_has_the_length_and_no_body(server: tuple[Server, int]) -> No
         (b"GET /nope HTTP/1.1\r\n\r\n", 404),
         (b"POST /livez HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405),
         (b"garbage\r\n\r\n", 400),
-        (b"GET /livez\r\n\r\n", 400),
+        (b"GET /livez HTTP/9.9\r\n\r\n", 400),
+        (b"GET /livez HTTP/1.1\r\nBad Header\r\n\r\n", 400),
         (b"GET /livez HTTP/1.1\r\nX: " + b"a" * HEAD_LIMIT + b"\r\n\r\n", 431),
     ],
 )

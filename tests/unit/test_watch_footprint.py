@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 NOT_AT_START = (
-    # the guard: its proxy, data path, parser and loop (only with --guard-listen)
+    # the guard: its proxy, data path and loop (only with --guard-listen; its parser,
+    # httptools, also reads the own server's requests: runtime/server.py)
     "engine_watchdog.guard.proxy",
     "engine_watchdog.guard.fast",
     "engine_watchdog.guard.drain",
     "engine_watchdog.guard.stats",
-    "httptools",
     "uvloop",
     # capture: the bundle writer and its steps (at the first incident)
     "engine_watchdog.capture.bundle",
