@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import footprint_watch
+
 NOT_AT_START = (
     # the guard: its proxy, data path and loop (only with --guard-listen; its parser,
     # httptools, also reads the own server's requests: runtime/server.py)
@@ -62,17 +64,12 @@ RAN = (
 """It did run a watch: the probes, the detector, the supervisor of --action's default, its
 own server."""
 
-CHILD = """
-import json, os, signal, sys, threading
-from engine_watchdog.cli.main import main
-threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
-try:
-    main(sys.argv[2:])
-except SystemExit as exc:
-    code = exc.code
-with open(sys.argv[1], "w") as f:
-    json.dump({"code": code, "modules": sorted(sys.modules)}, f)
-"""
+CHILD = (
+    "import os, signal, threading\n"
+    "threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM)).start()\n" + footprint_watch.CHILD
+)
+"""benchmarks/footprint_watch.py's child (a real command line that lists its modules once it
+stops), stopped by SIGTERM after 3 s."""
 
 
 def watch_modules(tmp_path: Path) -> dict[str, object]:
