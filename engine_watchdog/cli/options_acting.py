@@ -12,10 +12,9 @@ import click
 from engine_watchdog.cli.numbers import POSITIVE, SECONDS
 from engine_watchdog.cli.option_group import Opt, OptionGroup
 from engine_watchdog.cli.options_output import api_target
+from engine_watchdog.core.serving import REQUEST_ACTIONS, GuardSettings
 from engine_watchdog.core.settings import (
-    REQUEST_ACTIONS,
     CaptureSettings,
-    GuardSettings,
     PolicySettings,
     RecoverySettings,
     SettingsError,

@@ -1,4 +1,5 @@
-"""Every settings type, on the ground floor: frozen dataclasses with a docstring per field.
+"""Every settings type, on the ground floor: frozen dataclasses with a docstring per field (the
+guard's and the peer endpoint's in core/serving.py).
 
 The command line fills them (cli/options.py: one option group per section), tests build them
 directly. Nothing here does I/O; :func:`validate` checks a whole :class:`WatchSettings`.
@@ -12,12 +13,8 @@ from urllib.parse import urlsplit
 
 from engine_watchdog.core.model import RUNGS, Action
 from engine_watchdog.core.redact import redact_url
-
-
-class SettingsError(ValueError):
-    """Bad input; the message names the fix. The CLI prints it as one line and exits 64."""
-
-    exit_code = 64
+from engine_watchdog.core.serving import GuardSettings, PeerSettings, validate_guard
+from engine_watchdog.core.serving import SettingsError as SettingsError  # (its home for all)
 
 
 class CannotWriteError(Exception):
@@ -199,66 +196,7 @@ class ReportSettings:
     or an API base URL (the pod's readinessGates name it)."""
 
 
-REQUEST_ACTIONS = ("abort", "report")
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-
-
-@dataclass(frozen=True)
-class GuardSettings:
-    request_action: str = "abort"
-    """What to do with a stuck request: abort (end it on both sides, the client gets an error)
-    or report (log and count it only). --dry-run makes abort report."""
-    max_body_bytes: int = 32 * 1024 * 1024
-    """Request bodies larger than this are refused (413) without reaching the engine."""
-    retry_after_s: int = 5
-    """The Retry-After of the 503 answers while the engine is stalled, restarting or down."""
-    connect_timeout_s: float = 10.0
-    """Bound on connecting to the engine (nothing else of a request is bounded by time: the
-    detector and the request judge decide when a silence is too long)."""
-    drain_s: float = 20.0
-    """On SIGTERM: how long streams already moving may go on to their end while new requests
-    are refused (503); the rest are then ended with the error event. Keep it under the pod's
-    terminationGracePeriodSeconds (the chart adds a margin)."""
-    head_timeout_s: float = 30.0
-    """A client connection must deliver a whole request head this long after it opened (or
-    after its first byte past the previous answer); else it is closed (slowloris)."""
-    max_idle_connections: int = 4096
-    """At most this many client connections open with no request under way; past it the
-    longest idle one is closed."""
-
-
-@dataclass(frozen=True)
-class PeerSettings:
-    """Multi-node: this sidecar among the sidecars of one engine group (docs/multi-node.md).
-
-    The group comes from ``peers`` when given, else from LeaderWorkerSet's environment; neither:
-    a single node, and no peer endpoint runs."""
-
-    peers: tuple[str, ...] = ()
-    """Every node's peer endpoint as HOST:PORT, the leader first (Ray, bare metal)."""
-    port: int = 9401
-    """The peer endpoint's port on every node (next to the watchdog's own 9400; never the
-    engine's or the guard's port)."""
-    bind: str = "0.0.0.0"
-    """The address the peer endpoint listens on (the other nodes must reach it)."""
-    secret_file: Path | None = None
-    """File holding the group's shared secret (a mounted Kubernetes Secret); else the
-    ENGINE_WATCHDOG_PEER_SECRET variable. Required in a group."""
-    deadline_s: float = 15.0
-    """The leader's one deadline for every node's capture answer; within the capture step's
-    own bound (``step_timeout_s``, 20 s, less 1 s), which the bundle writer enforces."""
-
-
-def validate_peers(p: PeerSettings, taken: dict[int, str]) -> None:
-    """The peer port is free of the other ports this node serves (``taken``: port -> flag)."""
-    if not 0 < p.port < 65536:
-        raise SettingsError(f"--peer-port {p.port}: must be between 1 and 65535")
-    if p.port in taken:
-        raise SettingsError(
-            f"--peer-port {p.port} is the port of {taken[p.port]}: give the peer endpoint its own"
-        )
-    if p.deadline_s < 2.0:
-        raise SettingsError("--peer-deadline must be at least 2 seconds")
 
 
 @dataclass(frozen=True)
@@ -386,20 +324,3 @@ def validate_process(p: ProcessSettings) -> ProcessSettings:
     if p.event_loop not in EVENT_LOOPS:
         raise SettingsError(f"--guard-loop {p.event_loop!r}: choose from {', '.join(EVENT_LOOPS)}")
     return p
-
-
-def validate_guard(g: GuardSettings) -> None:
-    if g.request_action not in REQUEST_ACTIONS:
-        raise SettingsError(
-            f"--request-action {g.request_action!r}: choose from {', '.join(REQUEST_ACTIONS)}"
-        )
-    if g.max_body_bytes < 1:
-        raise SettingsError("--guard-max-body-bytes must be at least 1")
-    if g.retry_after_s < 0:
-        raise SettingsError("--guard-retry-after must be >= 0 seconds")
-    if not 0 <= g.drain_s <= 3600:
-        raise SettingsError("--guard-drain-seconds must be between 0 and 3600")
-    if not 0 < g.head_timeout_s <= 3600:
-        raise SettingsError("--guard-head-timeout must be > 0 and at most 3600 seconds")
-    if g.max_idle_connections < 1:
-        raise SettingsError("--guard-max-idle-connections must be at least 1")

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from engine_watchdog.core.model import GuardObs, QuietStream
-from engine_watchdog.core.settings import GuardSettings
+from engine_watchdog.core.serving import GuardSettings
 from engine_watchdog.core.wire import GAP_BOUNDS
 from engine_watchdog.guard import tokens
 from engine_watchdog.guard.conns import Connections

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from aiohttp import web
 
-from engine_watchdog.core.settings import GuardSettings
+from engine_watchdog.core.serving import GuardSettings
 from engine_watchdog.guard.errors import sse_error
 from engine_watchdog.guard.exchange import Exchange
 from engine_watchdog.guard.fast import EngineSide

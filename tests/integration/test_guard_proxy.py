@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine_watchdog.core.settings import GuardSettings
+from engine_watchdog.core.serving import GuardSettings
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from tests.tools.cli import run_cli

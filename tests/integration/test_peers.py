@@ -27,7 +27,8 @@ from aiohttp import web
 from engine_watchdog.capture.bundle import BundleSettings, write_bundle
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.ranks import RankState
-from engine_watchdog.core.settings import CaptureSettings, PeerSettings, Secret
+from engine_watchdog.core.serving import PeerSettings
+from engine_watchdog.core.settings import CaptureSettings, Secret
 from engine_watchdog.host.tools import resolve_tools
 from engine_watchdog.peers.auth import SECRET_VAR
 from engine_watchdog.peers.discovery import GroupView, from_peers

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from engine_watchdog.core.model import State  # noqa: E402
-from engine_watchdog.core.settings import GuardSettings  # noqa: E402
+from engine_watchdog.core.serving import GuardSettings  # noqa: E402
 from engine_watchdog.guard.proxy import Guard  # noqa: E402
 from engine_watchdog.sim.launcher import SimProcess  # noqa: E402
 from engine_watchdog.sim.loadgen import StreamingLoad  # noqa: E402
