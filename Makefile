@@ -35,17 +35,25 @@ lint: $(STAMP)
 tools:
 	bash deploy/ensure-tools.sh
 
-# The real-vLLM tests' venvs and model are built beside lint and the tools (minutes in a fresh
-# clone, the head of the suite's critical path); pytest waits on the same lock if not done.
-# compileall: where PYTHONDONTWRITEBYTECODE is set, no process writes .pyc files, and every
-# process the suite starts (CLI, simulators, peers) compiled the package again: 0.29 s of CPU
-# each on the 2-core machine; existing .pyc files are read all the same.
-test: $(STAMP)
-	@mkdir -p .cache; setsid $(PY) tests/tools/vllm_env.py --all >.cache/prebuild.log 2>&1 & \
+# uv alone, in a venv of its own (seconds): the vLLM venvs' build (tests/tools/vllm_env.py, stdlib
+# and uv) starts with it, beside the project's own install instead of after it.
+UV_VENV := .cache/uv-venv
+$(UV_VENV)/bin/uv:
+	$(PYTHON) -m venv $(UV_VENV)
+	$(UV_VENV)/bin/python -m pip install -q uv
+
+# The real-vLLM tests' venvs and model are built beside the install, lint and the tools (minutes
+# in a fresh clone, the head of the suite's critical path); pytest waits on the same lock if not
+# done. compileall: where PYTHONDONTWRITEBYTECODE is set, each of the suite's hundreds of
+# watchdog, simulator and stub processes would compile this tree's sources again (0.3 s each).
+test:
+	@mkdir -p .cache; ( $(MAKE) --no-print-directory $(UV_VENV)/bin/uv >.cache/prebuild.log 2>&1 && \
+	exec setsid $(UV_VENV)/bin/python tests/tools/vllm_env.py --all >>.cache/prebuild.log 2>&1 ) & \
 	prebuild=$$!; trap 'kill -TERM $$prebuild 2>/dev/null; wait $$prebuild 2>/dev/null' EXIT; \
+	$(MAKE) --no-print-directory install && \
+	$(PY) -m compileall -q -j 0 engine_watchdog tests benchmarks >/dev/null && \
 	$(MAKE) --no-print-directory lint tools && \
-	$(PY) -m compileall -q engine_watchdog benchmarks tests && \
-	$(PY) -m pytest -q -ra -n 2 --dist loadgroup
+	$(PY) -m pytest -q -ra -n 3 --dist loadgroup
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit

@@ -1,8 +1,10 @@
-"""Scheduling of the suite under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``).
+"""Scheduling of the suite under pytest-xdist (``make test``: ``-n 3 --dist loadgroup``).
 
 Every real-vLLM test (tests/e2e/) runs in ONE worker, one module after the other: two real
-vLLMs at once would starve each other on 2 cores and break their timing bounds. The other
-worker runs everything else beside them; the image tests, too, stay in one worker (one build).
+vLLMs at once would starve each other on 2 cores and break their timing bounds. The other two
+workers run everything else beside them (three workers on 2 cores: the suite's processes mostly
+wait, on windows and verdicts; the e2e chain, about half of the suite's time, is alone in its
+worker); the image tests, too, stay in one worker (one build).
 
 xdist's own ``xdist_group`` marker cannot do it here: xdist 3.8 adds the group to a test by
 rewriting ``item._nodeid``, which pytest 9.2 no longer reads (``Node.nodeid`` comes from

@@ -23,7 +23,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_watchdog.sim.launcher import free_port
-from tests.tools.vllm_env import VllmEnv
+from tests.tools.vllm_env import VllmEnv, bytecode_env
 
 SERVED_MODEL = "tiny"
 ENGINE_CORE_TITLE = "VLLM::EngineCore"
@@ -140,7 +140,7 @@ def server_argv(env: VllmEnv, port: int, extra_args: Sequence[str] = ()) -> list
 
 
 def server_env(extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env = {k: v for k, v in bytecode_env(os.environ).items() if k not in DROPPED_ENV}
     env.update(BASE_ENV)
     env.update(extra_env or {})
     return env

@@ -1,5 +1,5 @@
 """The suite's xdist scheduling (tests/conftest.py), run for real: a throwaway suite of two
-e2e modules and some other tests under ``-n 2 --dist loadgroup``, as ``make test`` runs it.
+e2e modules and some other tests under ``-n 3 --dist loadgroup``, as ``make test`` runs it.
 Every e2e test must land in one worker; the rest may go anywhere."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_every_e2e_test_runs_in_one_worker(tmp_path: Path) -> None:
         (e2e / f"test_{name}.py").write_text(E2E_MODULE)
     (tmp_path / "tests" / "test_other.py").write_text(E2E_MODULE.replace("0.3", "0.2"))
     ran = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "3",
          "--dist", "loadgroup", "-v"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
