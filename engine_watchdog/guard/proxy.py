@@ -182,15 +182,21 @@ class Guard:
     # -- the path of the bytes --------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if self.refusal is not None and (request.method, request.path) not in EXEMPT:
-            self.stats.end("refused")
-            return json_error(self.refusal, retry_after=self.settings.retry_after_s)
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self.stats.end("too-large")
             limit = self.settings.max_body_bytes
             return json_error(f"request body over {limit} bytes", 413, "BadRequestError")
+        # Again once the body is in: a stall judged while it came ended every request in
+        # ``open`` (end_all), which this one was not yet in; passed on, it would hang on the
+        # stalled engine with nothing to end it.
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         headers = forwarded(request.headers)
         key = f"g{next(self._serial)}"
         ex = Exchange(key, request.headers.get("X-Request-Id", ""), self.clock())
@@ -217,6 +223,13 @@ class Guard:
             if ex.pump is not None and not ex.pump.done():
                 ex.pump.cancel()
             self.stats.end(outcome)
+
+    def _refused(self, request: web.Request) -> web.Response | None:
+        """The 503 of a guard that refuses requests, or None: this one passes."""
+        if self.refusal is None or (request.method, request.path) in EXEMPT:
+            return None
+        self.stats.end("refused")
+        return json_error(self.refusal, retry_after=self.settings.retry_after_s)
 
     def note(self, ex: Exchange, chunk: bytes, now: float) -> None:
         """The hot path: count the events a piece of an SSE stream ends that carry tokens (the

@@ -32,6 +32,7 @@ from tests.tools.guard import (
     upstream,
 )
 from tests.tools.watch import metric
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(180)
 MODEL = "m"
@@ -212,3 +213,31 @@ async def test_bad_guard_options_are_one_line_and_exit_64(args: tuple[str, ...],
         ran = await run_cli("guard", "http://127.0.0.1:1", "--no-gpu", *argv, timeout=30)
     assert ran.code == 64, ran.err
     assert says in ran.err and len(ran.err.strip().splitlines()) == 1, ran.err
+
+
+async def test_a_request_whose_body_was_coming_when_the_stall_was_judged_gets_503() -> None:
+    """A stall judged while a request's body is still on its way: the guard refuses and ends
+    every request in flight at once, this one not yet among them. Once its body is in, it is
+    answered 503 like the requests after it, not passed on to hang on the stalled engine."""
+    async with SimProcess("--served-model-name", MODEL) as sim:
+        guard = await in_process_guard(sim)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", guard.port)
+            body = json.dumps(completion(MODEL, 50)).encode()
+            head = "POST /v1/completions HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+            writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+            await writer.drain()
+            handling = lambda: any(c.busy for c in guard.conns.by_transport.values())  # noqa: E731
+            await eventually(handling, 10, what="the handler waits on the body")
+            guard.refuse("the engine stalled")  # what the supervisor does at the verdict
+            assert guard.end_all("the engine stalled") == 0  # it was not in flight yet
+            writer.write(body[10:])
+            await writer.drain()
+            status = await asyncio.wait_for(reader.readline(), 10)
+            rest = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert status.startswith(b"HTTP/1.1 503"), status
+            assert b"Retry-After: 5" in rest
+            assert guard.stats.outcomes["refused"] == 1 and not guard.open
+            writer.close()
+        finally:
+            await guard.stop()
