@@ -210,7 +210,12 @@ async def _one_run(sim: SimProcess, moment: str, sig: signal.Signals) -> tuple[i
             if moment == "refused":
                 await _refused_or_not(f"http://{guard}")
             os.kill(proc.pid, sig)
-            code = await exit_code(proc, 10)
+            try:
+                code = await exit_code(proc, 10)
+            except AssertionError as exc:  # which moment and signal, and what it said
+                assert proc.stderr is not None
+                said = (await proc.stderr.read()).decode()[-2000:]
+                raise AssertionError(f"{moment} {sig.name}: {exc}; stderr: {said}") from None
             for c in clients:
                 c.cancel()
             await asyncio.gather(*clients, return_exceptions=True)
