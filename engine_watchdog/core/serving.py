@@ -7,6 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+ANSWER_S = 2.0
+"""The guard's drain: after ending the rest, how long their handlers get to write the error
+event (guard/drain.py). Here, not there: the stop budget is computed before the stop handler
+is in, and importing the guard for it (50 ms) left a Ctrl-C to asyncio's runner, which
+cancelled the start and lost the signal (tests/integration/test_stopping.py)."""
+
 
 class SettingsError(ValueError):
     """Bad input; the message names the fix. The CLI prints it as one line and exits 64."""

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 
+from engine_watchdog.core.serving import ANSWER_S
 from engine_watchdog.guard.errors import Ending
 from engine_watchdog.guard.proxy import Guard
 
@@ -20,8 +21,6 @@ log = logging.getLogger(__name__)
 
 STOPPING = "engine-watchdog: the guard is stopping; retry the request (elsewhere, or in a moment)"
 ENDED = "engine-watchdog: the guard stopped before this request finished; retry it"
-ANSWER_S = 2.0
-"""After ending the rest: how long their handlers get to write the error event."""
 POLL_S = 0.05
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from engine_watchdog.core.serving import ANSWER_S
 from engine_watchdog.core.settings import (
     ProcessSettings,
     SettingsError,
@@ -197,8 +198,6 @@ def _stop_budget(
     """The longest an orderly stop may take before the backstop ends the process."""
     budget = MARGIN_S
     if process.guard_listen:
-        from engine_watchdog.guard.drain import ANSWER_S  # the guard's modules: with it only
-
         budget += first.guard.drain_s + ANSWER_S
     if command:
         budget += CHILD_STOP_S
