@@ -41,11 +41,22 @@ def run(main: Coroutine[Any, Any, int], process: ProcessSettings) -> int:
     except SettingsError:
         main.close()  # never started: no "never awaited" warning after the one-line error
         raise
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        # Python's own behaviour under another name: asyncio's runner then leaves SIGINT alone.
+        # Its own handler cancels the main task, and a Ctrl-C before the watchdog's handler is
+        # in (runtime/stopping.py) was lost in a start that went on (test_stopping, at once).
+        signal.signal(signal.SIGINT, _interrupt)
     if kind == "asyncio":
         return asyncio.run(main)
     import uvloop
 
     return uvloop.run(main)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def release_freed_memory() -> None:
