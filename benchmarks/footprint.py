@@ -7,17 +7,27 @@ same window (a ratio is what survives a noisy machine). ``--gpu``: the simulator
 the GPU (``sim --gpu``: a CUDA process NVML lists), so the watch's NVML, GPM and GPU process
 probes have real work each round. ``--baseline DIR``: also a watch run from another checkout's
 code (``PYTHONPATH=DIR``, e.g. a ``git worktree`` of the commit before), against the same load
-in the same window: a before/after that shares one machine's noise.
+in the same window: a before/after that shares one machine's noise. ``--nvml-only``: each watch
+sees the driver's NVML and not its CUDA library, as a container with
+``NVIDIA_DRIVER_CAPABILITIES=utility`` does (the sidecar's setting, docs/kubernetes.md): a mount
+namespace of its own (``unshare``, root or a user namespace) with libcuda's files bound to
+/dev/null. Each watch's mapped NVIDIA libraries, threads and any "GPU probe off" line are
+printed at the end: NVML in and libcuda out is what makes the run count.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import os
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 
@@ -33,23 +43,62 @@ def cpu_s(proc: psutil.Process) -> float:
     return float(t.user + t.system)
 
 
-async def start_watch(url: str, code_root: str | None) -> asyncio.subprocess.Process:
+def libcuda_files() -> list[str]:
+    """The CUDA driver library's real files, wherever the loader would find them."""
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    found = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10)
+    dirs += [str(Path(line.split(" => ")[-1]).parent) for line in found.stdout.splitlines()]
+    dirs += ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/lib"]
+    paths = {str(Path(f).resolve()) for d in dirs for f in glob.glob(f"{d}/libcuda.so*")}
+    return sorted(p for p in paths if os.path.isfile(p))
+
+
+def without_libcuda(cmd: list[str]) -> list[str]:
+    """``cmd`` in a mount namespace where libcuda's files read as empty (NVML then runs
+    without it, as in a container given only the ``utility`` capability)."""
+    files = libcuda_files()
+    binds = "".join(f'mount --bind /dev/null "{f}" && ' for f in files)
+    user = [] if os.geteuid() == 0 else ["--map-root-user"]
+    return ["unshare", *user, "--mount", "--", "sh", "-c", f'{binds}exec "$@"', "sh", *cmd]
+
+
+async def start_watch(
+    url: str, code_root: str | None, log: Path, nvml_only: bool
+) -> asyncio.subprocess.Process:
     cmd = [sys.executable, "-m", "engine_watchdog", "watch", url, "--listen", ""]
+    cmd += ["--action", "none"]
     env = dict(os.environ)
     if code_root is not None:
         env["PYTHONPATH"] = os.pathsep.join([code_root, env.get("PYTHONPATH", "")])
-    return await asyncio.create_subprocess_exec(
-        *cmd, "--action", "none", env=env, cwd=code_root,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
+    with log.open("wb") as err:
+        return await asyncio.create_subprocess_exec(
+            *(without_libcuda(cmd) if nvml_only else cmd), env=env, cwd=code_root,
+            stdout=asyncio.subprocess.DEVNULL, stderr=err, start_new_session=True,
+        )  # fmt: skip
 
 
-async def measure(seconds: float, gpu: bool, roots: list[str | None]) -> list[list[float]]:
+def what_it_loaded(pid: int, log: Path) -> str:
+    """The watch's NVIDIA libraries, threads, and a "GPU probe off" line if it logged one."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    libs = sorted({Path(line.split()[-1]).name for line in maps.splitlines() if "/lib" in line})
+    nvidia = [lib for lib in libs if "nvidia" in lib or "cuda" in lib] or ["none"]
+    threads = len(os.listdir(f"/proc/{pid}/task"))
+    off = [line for line in log.read_text(errors="replace").splitlines() if "probe off" in line]
+    return f"NVIDIA libraries: {', '.join(nvidia)}; threads {threads}" + "".join(
+        f"; {line.strip()}" for line in off
+    )
+
+
+async def measure(
+    seconds: float, gpu: bool, roots: list[str | None], nvml_only: bool, logs: Path
+) -> list[list[float]]:
     """Per watch: CPU share of a core, the sim API's share, peak RSS MB, window s."""
     sim_args = ["--tokens-per-second", "30", *(["--gpu"] * gpu)]
     async with SimProcess(*sim_args, startup_timeout=120 if gpu else 20) as sim:
-        watches = [await start_watch(sim.url, root) for root in roots]
+        watches = [
+            await start_watch(sim.url, root, logs / f"watch{i}.log", nvml_only)
+            for i, root in enumerate(roots)
+        ]
         try:
             async with StreamingLoad(sim.url, clients=4, max_tokens=100, model="sim-model"):
                 await asyncio.sleep(WARMUP_S)
@@ -63,6 +112,8 @@ async def measure(seconds: float, gpu: bool, roots: list[str | None]) -> list[li
                     ]
                     await asyncio.sleep(1)
                 wall = time.monotonic() - t0
+                for i, w in enumerate(watches):
+                    print(f"watch {i}: {what_it_loaded(w.pid, logs / f'watch{i}.log')}")
                 api_share = (cpu_s(api) - a0) / wall
                 return [
                     [(cpu_s(p) - c) / wall, api_share, m, wall]
@@ -79,9 +130,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--gpu", action="store_true", help="the simulator computes on the GPU")
     parser.add_argument("--baseline", help="also measure the watch of this checkout's code")
+    parser.add_argument(
+        "--nvml-only", action="store_true", help="each watch sees NVML but not libcuda (utility)"
+    )
     args = parser.parse_args()
+    if args.nvml_only and shutil.which("unshare") is None:
+        sys.exit("footprint: --nvml-only needs unshare (util-linux)")
     roots: list[str | None] = [None, *([args.baseline] if args.baseline else [])]
-    results = asyncio.run(measure(args.seconds, args.gpu, roots))
+    with tempfile.TemporaryDirectory(prefix="footprint-") as logs:
+        results = asyncio.run(measure(args.seconds, args.gpu, roots, args.nvml_only, Path(logs)))
     head = ("watch", "window s", "watch CPU %", "sim API CPU %", "ratio", "peak RSS MB")
     print(f"{head[0]:>9} {head[1]:>9} {head[2]:>12} {head[3]:>14} {head[4]:>6} {head[5]:>12}")
     for name, (cpu, api, peak, wall) in zip(["this", "baseline"], results, strict=False):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import importlib.util
+import signal
 from collections.abc import Coroutine
 from typing import Any
 
@@ -41,8 +42,6 @@ def run(main: Coroutine[Any, Any, int], process: ProcessSettings) -> int:
     except SettingsError:
         main.close()  # never started: no "never awaited" warning after the one-line error
         raise
-    import signal
-
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         # Python's own behaviour under another name: asyncio's runner then leaves SIGINT alone.
         # Its own handler cancels the main task, and a Ctrl-C before the watchdog's handler is

@@ -4,10 +4,11 @@
 #   mkdir -p .whl/debs && cp tests/gpu/devsetup.sh .whl/
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux1_x86_64 \
-#     -d .whl httptools==0.9.0 setproctitle==1.3.8 py-spy==0.4.3
+#     -d .whl httptools==0.9.0 setproctitle==1.3.8 py-spy==0.4.3 nvidia-ml-py==13.615.71
 #   (cd .whl/debs && apt-get download nginx-light nginx-common nginx haproxy liblua5.3-0 \
-#     libopentracing-c-wrapper0 libopentracing1)
+#     libopentracing-c-wrapper0 libopentracing1 strace libunwind8)
 #   . .whl/devsetup.sh            # on the device, with carry: [".whl"]
+#   python3 -m compileall -q /tmp/site engine_watchdog benchmarks   # as a pip install would
 #
 # It installs the wheels into /tmp/site, makes a venv /tmp/ev whose .pth adds /tmp/site, the
 # repository and the image's site-packages, an engine-watchdog console script beside its python

@@ -227,8 +227,11 @@ async def test_a_request_whose_body_was_coming_when_the_stall_was_judged_gets_50
             head = "POST /v1/completions HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
             writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
             await writer.drain()
-            handling = lambda: any(c.busy for c in guard.conns.by_transport.values())  # noqa: E731
-            await eventually(handling, 10, what="the handler waits on the body")
+            await eventually(
+                lambda: any(c.busy for c in guard.conns.by_transport.values()),
+                10,
+                what="the handler waits on the body",
+            )
             guard.refuse("the engine stalled")  # what the supervisor does at the verdict
             assert guard.end_all("the engine stalled") == 0  # it was not in flight yet
             writer.write(body[10:])

@@ -1,13 +1,20 @@
 """The guard benchmark's helpers keep working: the in-process hot path relays and counts every
 event it is fed (benchmarks/hot_path.py), and a py-spy profile's summary leaves a waiting loop
-and parked threads out of the busy samples (benchmarks/profile.py)."""
+and parked threads out of the busy samples (benchmarks/profile.py); the footprint's NVML-only
+watch is the measured process itself and reads libcuda's files as empty
+(benchmarks/footprint.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-from benchmarks import hot_path, profile
+import pytest
+
+from benchmarks import footprint, hot_path, profile
 
 LOOP = "<module> (engine-watchdog:4);run_forever (loop.c:33192);uv__io_poll (linux.c:1)"
 RAW = "\n".join(
@@ -34,3 +41,23 @@ def test_a_profile_summary_counts_busy_samples_only(tmp_path: Path) -> None:
     assert "60.0 %  write (libc.so.6)" in text
     assert "100.0 %  EngineSide.data_received (engine_watchdog/guard/fast.py)" in text
     assert "epoll_wait" not in text and "0x7ff4b4098e51" not in text
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_the_nvml_only_watch_is_the_measured_process_and_sees_libcuda_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lib = tmp_path / "libcuda.so.580.1"
+    lib.write_bytes(b"\x7fELF" + bytes(4096))
+    monkeypatch.setattr(footprint, "libcuda_files", lambda: [str(lib)])
+    probe = f"import os; print(os.getpid(), os.path.getsize({str(lib)!r}))"
+    cmd = footprint.without_libcuda([sys.executable, "-c", probe])
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = child.communicate(timeout=30)
+    if child.returncode != 0 and err.startswith("unshare:"):
+        pytest.skip(f"no mount namespace here: {err.strip()}")
+    assert child.returncode == 0, err
+    pid, size = map(int, out.split())
+    assert pid == child.pid  # psutil measures the watch, not a wrapper around it
+    assert size == 0  # the loader would find an empty file: NVML runs without libcuda
+    assert lib.stat().st_size == 4100  # outside the namespace, nothing changed
