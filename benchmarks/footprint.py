@@ -1,6 +1,7 @@
 """Footprint of `watch` at 1 s intervals against a loaded simulator: CPU and peak RSS.
 
 Run: .venv/bin/python -m benchmarks.footprint [--seconds 600] [--gpu] [--baseline DIR]
+     [--nvml-only] [--serve]
 The simulator and its streaming load run beside it; only the watch process is measured. The
 watch process's CPU is also shown relative to the simulator's API process, measured over the
 same window (a ratio is what survives a noisy machine). ``--gpu``: the simulator computes on
@@ -12,7 +13,10 @@ sees the driver's NVML and not its CUDA library, as a container with
 ``NVIDIA_DRIVER_CAPABILITIES=utility`` does (the sidecar's setting, docs/kubernetes.md): a mount
 namespace of its own (``unshare``, root or a user namespace) with libcuda's files bound to
 /dev/null. Each watch's mapped NVIDIA libraries, threads and any "GPU probe off" line are
-printed at the end: NVML in and libcuda out is what makes the run count.
+printed at the end: NVML in and libcuda out is what makes the run count. ``--serve``: each
+watch also serves its own endpoints on loopback, and /metrics, /livez and /readyz are read every
+second (a sidecar's Prometheus scrape and kubelet probes, at a faster rate than theirs);
+otherwise ``--listen ''``.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ import glob
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import psutil
 
 from engine_watchdog.sim.launcher import SimProcess
@@ -62,67 +69,110 @@ def without_libcuda(cmd: list[str]) -> list[str]:
     return ["unshare", *user, "--mount", "--", "sh", "-c", f'{binds}exec "$@"', "sh", *cmd]
 
 
-async def start_watch(
-    url: str, code_root: str | None, log: Path, nvml_only: bool
-) -> asyncio.subprocess.Process:
-    cmd = [sys.executable, "-m", "engine_watchdog", "watch", url, "--listen", ""]
+@dataclass(frozen=True)
+class Run:
+    """What one benchmark run measures, and how."""
+
+    seconds: float
+    gpu: bool
+    nvml_only: bool
+    serve: bool
+    """Each watch listens on loopback and is scraped every second (/metrics, /livez, /readyz),
+    as a sidecar is by Prometheus and the kubelet; else ``--listen ''``."""
+    logs: Path
+
+
+@dataclass
+class Watch:
+    proc: asyncio.subprocess.Process
+    log: Path
+    port: int | None
+    misses: int = 0
+    """Answers of its own endpoints that were not 200."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def start_watch(url: str, code_root: str | None, run: Run, i: int) -> Watch:
+    port = free_port() if run.serve else None
+    listen = f"127.0.0.1:{port}" if port else ""
+    cmd = [sys.executable, "-m", "engine_watchdog", "watch", url, "--listen", listen]
     cmd += ["--action", "none"]
     env = dict(os.environ)
     if code_root is not None:
         env["PYTHONPATH"] = os.pathsep.join([code_root, env.get("PYTHONPATH", "")])
+    log = run.logs / f"watch{i}.log"
     with log.open("wb") as err:
-        return await asyncio.create_subprocess_exec(
-            *(without_libcuda(cmd) if nvml_only else cmd), env=env, cwd=code_root,
+        proc = await asyncio.create_subprocess_exec(
+            *(without_libcuda(cmd) if run.nvml_only else cmd), env=env, cwd=code_root,
             stdout=asyncio.subprocess.DEVNULL, stderr=err, start_new_session=True,
         )  # fmt: skip
+    return Watch(proc, log, port)
 
 
-def what_it_loaded(pid: int, log: Path) -> str:
+async def scrape(session: aiohttp.ClientSession, watch: Watch) -> None:
+    for path in ("/metrics", "/livez", "/readyz"):
+        try:
+            async with session.get(f"http://127.0.0.1:{watch.port}{path}") as resp:
+                await resp.read()
+                watch.misses += resp.status != 200
+        except (aiohttp.ClientError, OSError):
+            watch.misses += 1
+
+
+def what_it_loaded(watch: Watch) -> str:
     """The watch's NVIDIA libraries, threads, and a "GPU probe off" line if it logged one."""
+    pid = watch.proc.pid
     maps = Path(f"/proc/{pid}/maps").read_text()
     libs = sorted({Path(line.split()[-1]).name for line in maps.splitlines() if "/lib" in line})
     nvidia = [lib for lib in libs if "nvidia" in lib or "cuda" in lib] or ["none"]
     threads = len(os.listdir(f"/proc/{pid}/task"))
-    off = [line for line in log.read_text(errors="replace").splitlines() if "probe off" in line]
-    return f"NVIDIA libraries: {', '.join(nvidia)}; threads {threads}" + "".join(
-        f"; {line.strip()}" for line in off
+    lines = watch.log.read_text(errors="replace").splitlines()
+    served = f"; own endpoints not 200: {watch.misses}" if watch.port else ""
+    return f"NVIDIA libraries: {', '.join(nvidia)}; threads {threads}{served}" + "".join(
+        f"; {line.strip()}" for line in lines if "probe off" in line
     )
 
 
-async def measure(
-    seconds: float, gpu: bool, roots: list[str | None], nvml_only: bool, logs: Path
-) -> list[list[float]]:
+async def window(run: Run, watches: list[Watch], api: psutil.Process) -> list[list[float]]:
+    """The measured window: per watch its CPU share, the sim API's, peak RSS MB, window s."""
+    procs = [psutil.Process(w.proc.pid) for w in watches]
+    c0, a0, t0 = [cpu_s(p) for p in procs], cpu_s(api), time.monotonic()
+    peak = [0.0] * len(procs)
+    timeout = aiohttp.ClientTimeout(total=5)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while time.monotonic() - t0 < run.seconds:
+            served = [scrape(session, w) for w in watches if w.port]
+            await asyncio.gather(*served, asyncio.sleep(1))
+            rss = [p.memory_info().rss / 2**20 for p in procs]
+            peak = [max(m, r) for m, r in zip(peak, rss, strict=True)]
+    wall = time.monotonic() - t0
+    api_share = (cpu_s(api) - a0) / wall
+    return [
+        [(cpu_s(p) - c) / wall, api_share, m, wall] for p, c, m in zip(procs, c0, peak, strict=True)
+    ]
+
+
+async def measure(run: Run, roots: list[str | None]) -> list[list[float]]:
     """Per watch: CPU share of a core, the sim API's share, peak RSS MB, window s."""
-    sim_args = ["--tokens-per-second", "30", *(["--gpu"] * gpu)]
-    async with SimProcess(*sim_args, startup_timeout=120 if gpu else 20) as sim:
-        watches = [
-            await start_watch(sim.url, root, logs / f"watch{i}.log", nvml_only)
-            for i, root in enumerate(roots)
-        ]
+    sim_args = ["--tokens-per-second", "30", *(["--gpu"] * run.gpu)]
+    async with SimProcess(*sim_args, startup_timeout=120 if run.gpu else 20) as sim:
+        watches = [await start_watch(sim.url, root, run, i) for i, root in enumerate(roots)]
         try:
             async with StreamingLoad(sim.url, clients=4, max_tokens=100, model="sim-model"):
                 await asyncio.sleep(WARMUP_S)
-                procs, api = [psutil.Process(w.pid) for w in watches], psutil.Process(sim.pid)
-                c0, a0, t0 = [cpu_s(p) for p in procs], cpu_s(api), time.monotonic()
-                peak = [0.0] * len(procs)
-                while time.monotonic() - t0 < seconds:
-                    peak = [
-                        max(m, p.memory_info().rss / 2**20)
-                        for m, p in zip(peak, procs, strict=True)
-                    ]
-                    await asyncio.sleep(1)
-                wall = time.monotonic() - t0
+                results = await window(run, watches, psutil.Process(sim.pid))
                 for i, w in enumerate(watches):
-                    print(f"watch {i}: {what_it_loaded(w.pid, logs / f'watch{i}.log')}")
-                api_share = (cpu_s(api) - a0) / wall
-                return [
-                    [(cpu_s(p) - c) / wall, api_share, m, wall]
-                    for p, c, m in zip(procs, c0, peak, strict=True)
-                ]
+                    print(f"watch {i}: {what_it_loaded(w)}")
+                return results
         finally:
             for w in watches:
-                os.killpg(w.pid, signal.SIGTERM)
-                await w.wait()
+                os.killpg(w.proc.pid, signal.SIGTERM)
+                await w.proc.wait()
 
 
 def main() -> None:
@@ -133,12 +183,16 @@ def main() -> None:
     parser.add_argument(
         "--nvml-only", action="store_true", help="each watch sees NVML but not libcuda (utility)"
     )
+    parser.add_argument(
+        "--serve", action="store_true", help="each watch serves its endpoints, scraped each second"
+    )
     args = parser.parse_args()
     if args.nvml_only and shutil.which("unshare") is None:
         sys.exit("footprint: --nvml-only needs unshare (util-linux)")
     roots: list[str | None] = [None, *([args.baseline] if args.baseline else [])]
     with tempfile.TemporaryDirectory(prefix="footprint-") as logs:
-        results = asyncio.run(measure(args.seconds, args.gpu, roots, args.nvml_only, Path(logs)))
+        run = Run(args.seconds, args.gpu, args.nvml_only, args.serve, Path(logs))
+        results = asyncio.run(measure(run, roots))
     head = ("watch", "window s", "watch CPU %", "sim API CPU %", "ratio", "peak RSS MB")
     print(f"{head[0]:>9} {head[1]:>9} {head[2]:>12} {head[3]:>14} {head[4]:>6} {head[5]:>12}")
     for name, (cpu, api, peak, wall) in zip(["this", "baseline"], results, strict=False):
