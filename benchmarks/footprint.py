@@ -165,6 +165,10 @@ async def measure(run: Run, roots: list[str | None]) -> list[list[float]]:
         try:
             async with StreamingLoad(sim.url, clients=4, max_tokens=100, model="sim-model"):
                 await asyncio.sleep(WARMUP_S)
+                for w in watches:
+                    if w.proc.returncode is not None:  # e.g. unshare refused: nothing to measure
+                        tail = w.log.read_text(errors="replace").strip().splitlines()[-1:]
+                        sys.exit(f"footprint: a watch ended at start ({w.proc.returncode}): {tail}")
                 results = await window(run, watches, psutil.Process(sim.pid))
                 for i, w in enumerate(watches):
                     print(f"watch {i}: {what_it_loaded(w)}")
