@@ -165,7 +165,7 @@ async def test_every_signal_at_any_moment_ends_the_process_within_10_s(sim: SimP
     for pair in range(0, len(runs), 2):  # two at a time: 20 runs in well under a minute
         got = await asyncio.gather(*(_one_run(sim, m, sig) for m, sig in runs[pair : pair + 2]))
         for (moment, sig), (code, err) in zip(runs[pair : pair + 2], got, strict=True):
-            if moment == "at-once" and _interpreter_was_starting(err):
+            if moment in ("at-once", "starting") and _interpreter_was_starting(err):
                 continue  # ended within the 10 s bound (exit_code), before any of our code ran
             assert "Traceback" not in err and "never awaited" not in err, (moment, sig, err)
             # Before Python's handlers are in, the signal's default ends it (-15, -2); while
@@ -175,9 +175,10 @@ async def test_every_signal_at_any_moment_ends_the_process_within_10_s(sim: SimP
 
 
 def _interpreter_was_starting(err: str) -> bool:
-    """An 'at-once' SIGINT can land while Python itself still starts (its site import): Python
-    then prints its own fatal error and KeyboardInterrupt, and exits; no code of ours ran yet,
-    so no clean-exit message of ours can be asked for. Seen once in CI."""
+    """A SIGINT 'at-once', or 'starting' (0.3 s in) on a loaded machine, can land while Python
+    itself still starts (its site import): Python then prints its own fatal error and
+    KeyboardInterrupt, and exits; no code of ours ran yet, so no clean-exit message of ours can
+    be asked for. Seen in CI: at once, and once 0.3 s in with the suite's 3 workers running."""
     return "Fatal Python error: init_import_site" in err
 
 
