@@ -131,11 +131,13 @@ def what_it_loaded(watch: Watch) -> str:
     libs = sorted({Path(line.split()[-1]).name for line in maps.splitlines() if "/lib" in line})
     nvidia = [lib for lib in libs if "nvidia" in lib or "cuda" in lib] or ["none"]
     threads = len(os.listdir(f"/proc/{pid}/task"))
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    hwm = [int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:")]
     lines = watch.log.read_text(errors="replace").splitlines()
     served = f"; own endpoints not 200: {watch.misses}" if watch.port else ""
-    return f"NVIDIA libraries: {', '.join(nvidia)}; threads {threads}{served}" + "".join(
-        f"; {line.strip()}" for line in lines if "probe off" in line
-    )
+    head = f"NVIDIA libraries: {', '.join(nvidia)}; threads {threads}"
+    head += f"; high-water RSS since its start (VmHWM) {hwm[0]:.1f} MB{served}"
+    return head + "".join(f"; {line.strip()}" for line in lines if "probe off" in line)
 
 
 async def window(run: Run, watches: list[Watch], api: psutil.Process) -> list[list[float]]:

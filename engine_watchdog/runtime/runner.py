@@ -46,8 +46,9 @@ CHILD_STOP_S = STOP_GRACE_S + 10.0 + OUTPUT_DRAIN_S + 1.0
 
 
 TRIM_AFTER_ROUNDS = frozenset({1, 10})
-"""After these rounds the C heap's free pages go back (runtime/loop.py): the first holds the
-imports and NVML's start, the first ten the first GPM pair, canary and process rediscovery."""
+"""After these rounds the C heap's free pages go back (runtime/loop.py), as they do once the
+targets are assembled: the first round holds the first scrape and engine detection, the first
+ten the first GPM pair, canary and process rediscovery."""
 
 
 def print_line(line: str) -> None:
@@ -140,6 +141,9 @@ async def run_watch(
             try:
                 await _assemble_all(many, process, session, metrics, out, targets, command,
                                     echo_engine, action_listeners)  # fmt: skip
+                # Imports and NVML's start are done: their garbage goes back before the first
+                # round's allocations come on top of it (the process's high-water mark).
+                release_freed_memory()
                 tasks: dict[str, Task] = {}
                 for t in targets:
                     reporters = [*t.reporters, *(extra_reporters or [])]
