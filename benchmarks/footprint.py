@@ -27,7 +27,6 @@ import glob
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
-from engine_watchdog.sim.launcher import SimProcess
+from engine_watchdog.sim.launcher import SimProcess, free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
 
 WARMUP_S = 10.0
@@ -91,12 +90,6 @@ class Watch:
     """Answers of its own endpoints that were not 200."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def start_watch(url: str, code_root: str | None, run: Run, i: int) -> Watch:
     port = free_port() if run.serve else None
     listen = f"127.0.0.1:{port}" if port else ""
@@ -125,7 +118,8 @@ async def scrape(session: aiohttp.ClientSession, watch: Watch) -> None:
 
 
 def what_it_loaded(watch: Watch) -> str:
-    """The watch's NVIDIA libraries, threads, and a "GPU probe off" line if it logged one."""
+    """The watch's NVIDIA libraries, threads, high-water RSS since its start, and a "GPU probe
+    off" line if it logged one."""
     pid = watch.proc.pid
     maps = Path(f"/proc/{pid}/maps").read_text()
     libs = sorted({Path(line.split()[-1]).name for line in maps.splitlines() if "/lib" in line})
