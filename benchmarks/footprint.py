@@ -37,6 +37,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 
+from benchmarks.footprint_watch import proc_rollup
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
 
@@ -125,12 +126,11 @@ def what_it_loaded(watch: Watch) -> str:
     libs = sorted({Path(line.split()[-1]).name for line in maps.splitlines() if "/lib" in line})
     nvidia = [lib for lib in libs if "nvidia" in lib or "cuda" in lib] or ["none"]
     threads = len(os.listdir(f"/proc/{pid}/task"))
-    status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    hwm = [int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:")]
+    hwm = proc_rollup(pid)["VmHWM"]
     lines = watch.log.read_text(errors="replace").splitlines()
     served = f"; own endpoints not 200: {watch.misses}" if watch.port else ""
     head = f"NVIDIA libraries: {', '.join(nvidia)}; threads {threads}"
-    head += f"; high-water RSS since its start (VmHWM) {hwm[0]:.1f} MB{served}"
+    head += f"; high-water RSS since its start (VmHWM) {hwm:.1f} MB{served}"
     return head + "".join(f"; {line.strip()}" for line in lines if "probe off" in line)
 
 
