@@ -9,6 +9,10 @@ body ends, and wakes only when the client's buffer is full: the engine's socket 
 until the client's drains (back-pressure: a slow reader slows its own stream, and the guard
 waits on it, not on the engine).
 
+The read's callback, ``data_received``, is compiled where the package was built with a C
+compiler (guard/side.py, guard/_side.c): it then runs a stream's steady event without the
+interpreter, and everything else through :meth:`EngineSide._pass_on` here.
+
 One connection per request is also what makes an abort exact: closing it is what vLLM takes as
 that request's client gone (``@with_cancellation``), whatever ids the clients sent.
 """
@@ -26,10 +30,10 @@ from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from engine_watchdog.guard.exchange import Exchange, returned
+from engine_watchdog.guard.side import Side
+from engine_watchdog.guard.stats import GuardStats
 from engine_watchdog.net.connection import Upstream
 
-Note = Callable[[Exchange, bytes, float], None]
-"""The guard's per-piece progress note of an SSE stream (Guard.note)."""
 NO_BODY_STATUS = frozenset({204, 304})
 """RFC 9112 6.3: these responses (and every 1xx) have no body, whatever their headers say."""
 
@@ -61,45 +65,47 @@ def request_head(
 
 class Client:
     """Where a relayed body goes: the client's connection and its request's progress (plain
-    data: :meth:`EngineSide._pass_on` writes to it, one Python call less per event)."""
+    data: :meth:`EngineSide._pass_on` and guard/_side.c read it)."""
 
-    __slots__ = ("clock", "ex", "framed", "high", "note", "transport")
+    __slots__ = ("clock", "ex", "framed", "high", "stats", "transport")
 
     def __init__(
         self,
         transport: asyncio.Transport,
         ex: Exchange,
-        note: Note | None,
+        stats: GuardStats | None,
         framed: bool,
         clock: Callable[[], float],
     ) -> None:
         self.transport = transport
         self.ex = ex
-        self.note = note
+        self.stats = stats
+        """Where an SSE stream's progress is noted (:meth:`GuardStats.note`); None otherwise."""
         self.framed = framed
         self.clock = clock
         self.high = transport.get_write_buffer_limits()[1]
 
 
-class EngineSide(asyncio.Protocol):
+class EngineSide(Side, asyncio.Protocol):
     """One request's connection to the engine: httptools reads the response head, then the
     body pieces of each read are passed on together at its end (:meth:`relay`): one note and
-    one write per read of the engine's socket, however many chunks it held."""
+    one write per read of the engine's socket, however many chunks it held. ``data_received``
+    is guard/side.py's."""
 
     def __init__(self, method: str) -> None:
         self.method = method
         self.transport: asyncio.Transport | None = None
+        self._ready = []
+        self.on_body = self._ready.append  # (a C call from llhttp's callback: no Python frame)
         self.parser = httptools.HttpResponseParser(self)
+        self._feed = self.parser.feed_data
+        self._client: Client | None = None
+        self.failure: BaseException | None = None
         self.status = 0
         self.reason = ""
         self.headers: CIMultiDict[str] = CIMultiDict()
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.done = False
-        self.failure: BaseException | None = None
-        self._ready: list[bytes] = []
-        """Body pieces not yet passed on: those of the read in progress, or all that came
-        before the relay started (the engine is paused meanwhile)."""
-        self._client: Client | None = None
         self._client_full = False
         self._wake: asyncio.Future[None] | None = None
 
@@ -109,15 +115,11 @@ class EngineSide(asyncio.Protocol):
         # (not an isinstance check: uvloop's transports have the methods, not the base class)
         self.transport = cast(asyncio.Transport, transport)
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+    def _parse_failed(self, exc: Exception) -> None:
+        if isinstance(exc, httptools.HttpParserUpgrade):
             self._fail(UpstreamError("it switched protocols, which the guard does not pass"))
-        except httptools.HttpParserError as exc:
+        else:
             self._fail(UpstreamError(f"its response is not HTTP/1.1 the guard passes: {exc}"))
-        if self._ready and self._client is not None and self.failure is None:
-            self._pass_on()
 
     def connection_lost(self, exc: Exception | None) -> None:
         framed = "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
@@ -128,7 +130,7 @@ class EngineSide(asyncio.Protocol):
             self._fail(UpstreamError(f"it closed the connection before its response ended{why}"))
         self._poke()
 
-    # -- httptools' callbacks (the hot path: on_body) -----------------------------------------
+    # -- httptools' callbacks (on_body is the list's append: __init__) -----------------------
 
     def on_status(self, reason: bytes) -> None:
         self.reason = reason.decode("latin-1")
@@ -147,13 +149,11 @@ class EngineSide(asyncio.Protocol):
             self.done = True  # llhttp is not told the method: the head is the whole answer
         self.head.set_result(None)
 
-    def on_body(self, piece: bytes) -> None:
-        self._ready.append(piece)  # passed on when the read is parsed (data_received)
-
     def _pass_on(self) -> None:
         """The pieces ready as one piece: one note (the token scan cuts events across pieces
-        anyway) and one write, however many chunks the engine's read held. The hot path."""
-        ready, client = self._ready, self._client
+        anyway) and one write, however many chunks the engine's read held. The hot path: its
+        steady event runs in guard/_side.c where that is built; change both together."""
+        ready, client = self._ready, cast(Client, self._client)
         assert client is not None
         piece = ready[0] if len(ready) == 1 else b"".join(ready)
         ready.clear()
@@ -162,21 +162,24 @@ class EngineSide(asyncio.Protocol):
             self._fail(ConnectionResetError("the client went away"))
             return
         now = client.clock()
-        if client.note is not None:
-            client.note(ex, piece, now)
+        if client.stats is not None:
+            client.stats.note(ex, piece, now)
         transport.write(b"%x\r\n%b\r\n" % (len(piece), piece) if client.framed else piece)
         if ex.waiting_since is None:  # (only after the client held it: see below)
             ex.waiting_since = now
         # else unchanged: bytes without a token (keepalives, empty deltas) are no progress, and
         # the guard has been waiting on the engine for a token all along (case 2)
         if transport.get_write_buffer_size() > client.high:
-            # the client's buffer is over its high-water mark (the transport has paused
-            # aiohttp's writer: drain() waits for it): the engine waits for the client
-            assert self.transport is not None
-            self.transport.pause_reading()
-            ex.waiting_since = None  # on the client now: a slow reader holds its own
-            self._client_full = True
-            self._poke()
+            self._hold()
+
+    def _hold(self) -> None:
+        """The client's buffer is over its high-water mark (the transport has paused aiohttp's
+        writer: drain() waits for it): the engine waits for the client."""
+        assert self.transport is not None and self._client is not None
+        self.transport.pause_reading()
+        self._client.ex.waiting_since = None  # on the client now: a slow reader holds its own
+        self._client_full = True
+        self._poke()
 
     def on_message_complete(self) -> None:
         if self.head.done():
@@ -226,10 +229,10 @@ class Relay:
     """The guard's path to one engine: every request, from its connection to its end."""
 
     def __init__(
-        self, upstream: Upstream, note: Note, clock: Callable[[], float], timeout_s: float
+        self, upstream: Upstream, stats: GuardStats, clock: Callable[[], float], timeout_s: float
     ) -> None:
         self.upstream = upstream
-        self.note = note
+        self.stats = stats
         self.clock = clock
         self.timeout_s = timeout_s
 
@@ -257,8 +260,8 @@ class Relay:
             assert writer is not None
             ex.response = resp
             framed = bool(getattr(writer, "chunked", False))  # aiohttp chose chunks for it
-            note = self.note if ex.sse else None
-            await up.relay(Client(request.transport, ex, note, framed, self.clock), writer)
+            stats = self.stats if ex.sse else None
+            await up.relay(Client(request.transport, ex, stats, framed, self.clock), writer)
             await resp.write_eof()
             return resp
         finally:

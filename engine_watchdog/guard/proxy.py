@@ -23,7 +23,6 @@ import itertools
 import logging
 import resource
 import time
-from bisect import bisect_left
 from collections.abc import Callable
 
 from aiohttp import web
@@ -31,7 +30,7 @@ from aiohttp import web
 from engine_watchdog.core.model import GuardObs, QuietStream
 from engine_watchdog.core.serving import GuardSettings
 from engine_watchdog.core.wire import GAP_BOUNDS
-from engine_watchdog.guard import tokens
+from engine_watchdog.guard import side
 from engine_watchdog.guard.conns import Connections
 from engine_watchdog.guard.errors import Ending, json_error, sse_error
 from engine_watchdog.guard.exchange import QUIET_S, Exchange, forwarded
@@ -69,12 +68,11 @@ class Guard:
             settings.head_timeout_s, settings.max_idle_connections, self.stats.closed
         )
         self._server: asyncio.Server | None = None
-        self.last_event_t: float | None = None
         self._serial = itertools.count()
         self._runner: web.AppRunner | None = None
         self._seen = (0, 0, [0] * (len(GAP_BOUNDS) + 1))
         self.port = 0
-        self._relay = Relay(upstream, self.note, clock, settings.connect_timeout_s)
+        self._relay = Relay(upstream, self.stats, clock, settings.connect_timeout_s)
 
     # -- life -----------------------------------------------------------------------------
 
@@ -96,8 +94,9 @@ class Guard:
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop or asyncio
         up = self.upstream
         engine = f"{up.scheme}://{up.authority}{up.base_path}"  # (no credential: none is here)
-        log.info("guard on http://%s:%d in front of %s (event loop: %s)", host, self.port,
-                 engine, loop)  # fmt: skip
+        kind = "compiled" if side.COMPILED else "Python"  # (guard/side.py)
+        log.info("guard on http://%s:%d in front of %s (event loop: %s, read callback: %s)",
+                 host, self.port, engine, loop, kind)  # fmt: skip
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -174,7 +173,7 @@ class Guard:
             decoding=decoding,
             events=stats.events - events,
             finished=completed - finished,
-            last_event_t=self.last_event_t,
+            last_event_t=stats.last_event_t,
             gaps=tuple(a - b for a, b in zip(counts, gaps, strict=True)),
             quiet=tuple(quiet),
         )
@@ -230,28 +229,6 @@ class Guard:
             return None
         self.stats.end("refused")
         return json_error(self.refusal, retry_after=self.settings.retry_after_s)
-
-    def note(self, ex: Exchange, chunk: bytes, now: float) -> None:
-        """The hot path: count the events a piece of an SSE stream ends that carry tokens (the
-        others, keepalives and empty deltas, are no progress: guard/tokens.py) and time them
-        (first token, gaps): the gap histogram and the request judge see the same events."""
-        n = ex.scan.count(chunk)
-        if not n:
-            return
-        stats, last = self.stats, ex.last_event_t
-        if last is None:
-            ex.first_event_t = now
-            ex.engine_id = tokens.engine_id(chunk)
-            first = stats.first_event
-            first.counts[bisect_left(first.bounds, now - ex.started_t)] += 1
-            first.total += now - ex.started_t
-        else:
-            gap, gaps = now - last, stats.gaps
-            gaps.counts[bisect_left(GAP_BOUNDS, gap)] += 1
-            gaps.total += gap
-        ex.last_event_t = self.last_event_t = now
-        ex.events += n
-        stats.events += n
 
     async def _answer(self, request: web.Request, ex: Exchange) -> web.StreamResponse:
         """The error in the engine's place: an error event and [DONE] in a stream, a JSON

@@ -4,7 +4,9 @@ report/metrics.py reads the verdicts. Names follow report/metrics.py (``engine_w
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -15,9 +17,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from engine_watchdog.core.wire import GAP_BOUNDS
+from engine_watchdog.guard import tokens
 from engine_watchdog.guard.conns import CLOSE_REASONS
 from engine_watchdog.guard.errors import Ending
 from engine_watchdog.report.metrics import PREFIX
+
+if TYPE_CHECKING:
+    from engine_watchdog.guard.exchange import Exchange
 
 FIRST_EVENT_BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
 OUTCOMES = (
@@ -55,13 +61,28 @@ class Histogram:
 
 
 class GuardStats:
-    """What the guard counts. The guard's hot path writes these fields directly."""
+    """What the guard counts. The guard's hot path writes these fields directly: :meth:`note`,
+    and guard/_side.c for a stream's steady event (``events``, ``gaps``, ``last_event_t``)."""
+
+    __slots__ = (
+        "closed",
+        "events",
+        "finished",
+        "first_event",
+        "gaps",
+        "last_event_t",
+        "outcomes",
+        "stuck",
+    )
 
     def __init__(self) -> None:
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.gaps = Histogram(GAP_BOUNDS)
         self.first_event = Histogram(FIRST_EVENT_BOUNDS)
         self.events = 0
+        """SSE events that carried tokens, of every stream."""
+        self.last_event_t: float | None = None
+        """When the last of them passed."""
         self.finished = 0
         self.stuck = 0
         """Requests the request judge named stuck (counted whether or not they were aborted)."""
@@ -71,6 +92,30 @@ class GuardStats:
     def end(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
         self.finished += 1
+
+    def note(self, ex: Exchange, chunk: bytes, now: float) -> None:
+        """The hot path: count the events a piece of an SSE stream ends that carry tokens (the
+        others, keepalives and empty deltas, are no progress: guard/tokens.py) and time them
+        (first token, gaps): the gap histogram and the request judge see the same events.
+        guard/_side.c does the same for a stream's steady event (not its first, one whole
+        event in its read, the key of the last): change both together."""
+        n = ex.scan.count(chunk)
+        if not n:
+            return
+        last = ex.last_event_t
+        if last is None:
+            ex.first_event_t = now
+            ex.engine_id = tokens.engine_id(chunk)
+            first = self.first_event
+            first.counts[bisect_left(first.bounds, now - ex.started_t)] += 1
+            first.total += now - ex.started_t
+        else:
+            gap, gaps = now - last, self.gaps
+            gaps.counts[bisect_left(gaps.bounds, gap)] += 1
+            gaps.total += gap
+        ex.last_event_t = self.last_event_t = now
+        ex.events += n
+        self.events += n
 
 
 class GuardCollector(Collector):
