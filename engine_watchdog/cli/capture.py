@@ -25,9 +25,9 @@ from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_NOPERM, CliError
 from engine_watchdog.cli.numbers import Number
 from engine_watchdog.cli.option_group import One, all_consumed
 from engine_watchdog.cli.options import CAPTURE, JSON, PY_SPY_OPT
+from engine_watchdog.core.checks import normalise_url
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.redact import redact_url
-from engine_watchdog.core.settings import normalise_url
 from engine_watchdog.engines import VLLM
 from engine_watchdog.host.tools import tools_with
 from engine_watchdog.net.connection import EngineConnection

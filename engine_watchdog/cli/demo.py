@@ -27,6 +27,7 @@ import click
 from engine_watchdog.cli.demo_summary import Story, bundles, report
 from engine_watchdog.cli.option_group import all_consumed
 from engine_watchdog.cli.options import CAPTURE, DETECTOR
+from engine_watchdog.core.checks import validate
 from engine_watchdog.core.detector import TARGET
 from engine_watchdog.core.model import Action, Outcome, Result, State, Transition, Verdict
 from engine_watchdog.core.settings import (
@@ -36,7 +37,6 @@ from engine_watchdog.core.settings import (
     ProbeSettings,
     ProcessSettings,
     WatchSettings,
-    validate,
 )
 from engine_watchdog.net.http import error_text
 from engine_watchdog.report.console import transition_text

@@ -39,8 +39,9 @@ from engine_watchdog.cli.options import (
     watch_settings,
 )
 from engine_watchdog.cli.targets import TARGETS
+from engine_watchdog.core.checks import validate
 from engine_watchdog.core.redact import redact_argv
-from engine_watchdog.core.settings import CannotWriteError, SettingsError, validate
+from engine_watchdog.core.settings import CannotWriteError, SettingsError
 from engine_watchdog.host import logs
 from engine_watchdog.runtime.loop import run as run_loop
 

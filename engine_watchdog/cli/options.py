@@ -17,14 +17,8 @@ from engine_watchdog.cli.option_group import all_consumed, named_by_source
 from engine_watchdog.cli.options_acting import CAPTURE, GUARD, POLICY, PY_SPY_OPT, RECOVERY
 from engine_watchdog.cli.options_judging import DETECTOR, ENGINE, PROBE
 from engine_watchdog.cli.options_output import JSON, PEERS, PROCESS, RECORD, REPORT
-from engine_watchdog.core.settings import (
-    ProbeSettings,
-    ProcessSettings,
-    WatchSettings,
-    for_target,
-    validate,
-    validate_process,
-)
+from engine_watchdog.core.checks import for_target, validate, validate_process
+from engine_watchdog.core.settings import ProbeSettings, ProcessSettings, WatchSettings
 from engine_watchdog.net.access import load_api_key
 
 __all__ = [

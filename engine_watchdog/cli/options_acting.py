@@ -12,13 +12,13 @@ import click
 from engine_watchdog.cli.numbers import POSITIVE, SECONDS
 from engine_watchdog.cli.option_group import Opt, OptionGroup
 from engine_watchdog.cli.options_output import api_target
+from engine_watchdog.core.checks import parse_actions
 from engine_watchdog.core.serving import REQUEST_ACTIONS, GuardSettings
 from engine_watchdog.core.settings import (
     CaptureSettings,
     PolicySettings,
     RecoverySettings,
     SettingsError,
-    parse_actions,
 )
 
 

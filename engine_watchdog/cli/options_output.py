@@ -10,13 +10,9 @@ import click
 
 from engine_watchdog.cli.numbers import POSITIVE
 from engine_watchdog.cli.option_group import One, Opt, OptionGroup
+from engine_watchdog.core.checks import normalise_url
 from engine_watchdog.core.serving import PeerSettings
-from engine_watchdog.core.settings import (
-    EVENT_LOOPS,
-    ProcessSettings,
-    ReportSettings,
-    normalise_url,
-)
+from engine_watchdog.core.settings import EVENT_LOOPS, ProcessSettings, ReportSettings
 from engine_watchdog.host import logs
 
 

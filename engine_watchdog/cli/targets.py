@@ -19,7 +19,8 @@ import click
 
 from engine_watchdog.cli.errors import EXIT_UNAVAILABLE, CliError
 from engine_watchdog.cli.option_group import F, env_name, named_by_source
-from engine_watchdog.core.settings import SettingsError, normalise_url
+from engine_watchdog.core.checks import normalise_url
+from engine_watchdog.core.settings import SettingsError
 
 KUBECTL_TIMEOUT_S = 30.0
 

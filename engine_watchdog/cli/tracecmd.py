@@ -18,7 +18,7 @@ import click
 from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_NOINPUT, CliError
 from engine_watchdog.cli.numbers import POSITIVE
 from engine_watchdog.cli.options import DETECTOR, ENGINE, JSON, PROBE
-from engine_watchdog.core.settings import fold_thresholds, validate
+from engine_watchdog.core.checks import fold_thresholds, validate
 from engine_watchdog.engines import PROFILES, VLLM
 
 

@@ -19,8 +19,9 @@ import aiohttp
 
 from engine_watchdog.capture.retention import remove_abandoned
 from engine_watchdog.capture.step import CaptureStep
+from engine_watchdog.core.checks import parse_listen
 from engine_watchdog.core.model import Action, Observation, Outcome
-from engine_watchdog.core.settings import SettingsError, WatchSettings, parse_listen
+from engine_watchdog.core.settings import SettingsError, WatchSettings
 from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.peers.discovery import in_lws
 from engine_watchdog.probes.procs import url_port

@@ -20,9 +20,10 @@ from pathlib import Path
 import aiohttp
 
 from engine_watchdog.capture.step import CaptureStep
+from engine_watchdog.core.checks import parse_listen
 from engine_watchdog.core.model import Outcome, ProcInfo
 from engine_watchdog.core.serving import PeerSettings, validate_peers
-from engine_watchdog.core.settings import Secret, SettingsError, WatchSettings, parse_listen
+from engine_watchdog.core.settings import Secret, SettingsError, WatchSettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.host.tools import tools_with
 from engine_watchdog.peers.auth import SECRET_VAR, load_secret

@@ -15,13 +15,9 @@ from typing import Any
 
 import aiohttp
 
+from engine_watchdog.core.checks import parse_listen
 from engine_watchdog.core.serving import ANSWER_S
-from engine_watchdog.core.settings import (
-    ProcessSettings,
-    SettingsError,
-    WatchSettings,
-    parse_listen,
-)
+from engine_watchdog.core.settings import ProcessSettings, SettingsError, WatchSettings
 from engine_watchdog.host.logs import bind
 from engine_watchdog.net.bounded import bounded, end_tasks
 from engine_watchdog.recovery.supervise import OUTPUT_DRAIN_S, STOP_GRACE_S

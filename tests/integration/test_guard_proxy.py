@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from engine_watchdog.core.serving import GuardSettings
+from engine_watchdog.guard import side
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from tests.tools.cli import run_cli
@@ -151,14 +152,18 @@ async def test_a_slow_reader_holds_its_own_stream_and_is_never_stuck(tmp_path: P
 
 
 @pytest.mark.parametrize(
-    ("args", "loop"), [((), "uvloop"), (("--guard-loop", "asyncio"), "asyncio")]
+    ("args", "loop", "pure"),
+    [((), "uvloop", False), (("--guard-loop", "asyncio"), "asyncio", False), ((), "uvloop", True)],
 )
 async def test_the_guard_runs_on_uvloop_unless_told_otherwise(
-    args: tuple[str, ...], loop: str
+    args: tuple[str, ...], loop: str, pure: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The installed guard's event loop is uvloop (docs/performance.md: its CPU per event);
-    --guard-loop asyncio keeps the standard one. Its start-up line says which, and a stream
-    passes whole on either."""
+    --guard-loop asyncio keeps the standard one. Its start-up line says which, and which read
+    callback runs (compiled where the install built guard/_side.c), and a stream passes whole
+    on either (and on the Python callback, ENGINE_WATCHDOG_PURE_PYTHON=1)."""
+    if pure:
+        monkeypatch.setenv(side.PURE_ENV, "1")
     async with sse_server() as upstream:
         guard = await start_guard("guard", upstream, *args, log=True)
         try:
@@ -171,7 +176,8 @@ async def test_the_guard_runs_on_uvloop_unless_told_otherwise(
             await stop_guard(guard)
     line = started.strip()  # one JSON object under --json (docs/logs.md), plain text otherwise
     said = str(json.loads(line)["msg"]) if line.startswith(b"{") else line.decode()
-    assert said.endswith(f"(event loop: {loop})"), said
+    kind = "compiled" if side.COMPILED and not pure else "Python"
+    assert said.endswith(f"(event loop: {loop}, read callback: {kind})"), said
     assert got.done and got.error is None and len(got.events) == 21
 
 

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from engine_watchdog.core.settings import ProcessSettings, SettingsError, validate_process
+from engine_watchdog.core.checks import validate_process
+from engine_watchdog.core.settings import ProcessSettings, SettingsError
 from engine_watchdog.runtime.loop import loop_of, run
 
 GUARD = "127.0.0.1:8001"
