@@ -47,7 +47,7 @@ def normalise_url(url: str) -> str:
 
 def for_target(settings: WatchSettings, url: str) -> WatchSettings:
     """``settings`` for the engine at ``url``: validated, and redacted where it enters, so the
-    credentials in it (aiohttp sends them as basic auth) are kept only to connect."""
+    credentials in it (the HTTP client sends them as basic auth) are kept only to connect."""
     full = normalise_url(url)
     shown = redact_url(full)
     return replace(settings, url=shown, connect_url=full if full != shown else "")

@@ -98,17 +98,22 @@ def reads(chunks: list[bytes], cuts: list[int] | None) -> Iterator[bytes]:
             yield data[a:b]
 
 
+def relaying(cls: Any, engine: Any, client: Any, clock: Any) -> tuple[Any, Exchange, GuardStats]:
+    """An engine side of ``cls`` past the response head, relaying an SSE stream to ``client``
+    (as EngineSide.relay starts it). Call from a running loop."""
+    up = cls("POST")
+    up.connection_made(engine)
+    up.data_received(HEAD)
+    ex, stats = Exchange("k", "", 0.0), GuardStats()
+    ex.sse = True
+    up._client = Client(client, ex, stats, True, clock)
+    return up, ex, stats
+
+
 def replay(cls: Any, data: list[bytes], closes_at: int | None, sizes: list[int]) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
-        up = cls("POST")
-        engine: Any = Transport(None, [])
-        client: Any = Transport(closes_at, sizes)
-        up.connection_made(engine)
-        up.data_received(HEAD)
-        ex, stats, clock = Exchange("k", "", 0.0), GuardStats(), itertools.count(1)
-        ex.sse = True
-        up._client = Client(client, ex, stats, True, lambda: float(next(clock)))
-        up._ready.clear()
+        engine, client, clock = Transport(None, []), Transport(closes_at, sizes), itertools.count(1)
+        up, ex, stats = relaying(cls, engine, client, lambda: float(next(clock)))
         after_each = []
         for read in data:
             up.data_received(read)
@@ -171,15 +176,10 @@ def test_the_steady_path_keeps_no_memory_per_event() -> None:
     frame = b"%x\r\n%b\r\n" % (len(one), one)
 
     async def run() -> int:
-        up: Any = EngineSide("POST")
-        up.connection_made(Transport(None, []))
-        up.data_received(HEAD)
-        ex = Exchange("k", "", 0.0)
-        ex.sse = True
         sink: Any = Transport(None, [])
         sink.write = lambda data: None  # (nothing kept: only the path's own memory is counted)
         clock = itertools.count(1.0, 0.25).__next__
-        up._client = Client(sink, ex, GuardStats(), True, clock)
+        up, ex, _ = relaying(EngineSide, Transport(None, []), sink, clock)
         for _ in range(2000):  # warm: counters past the small-int cache, freelists filled
             up.data_received(frame)
         tracemalloc.start()
