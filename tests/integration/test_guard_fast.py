@@ -233,11 +233,11 @@ async def test_a_slow_reader_pauses_its_engine_connection() -> None:
     rss = psutil.Process().memory_info().rss
     async with served(firehose) as engine, guarded(engine) as (guard, url):
         # 64 MiB through an unscaled window: 37-55 s on an idle 2-core machine, more under load
-        reading = asyncio.create_task(slow_reader(url, BODY, pause_s=3.0, read_s=150.0))
-        await asyncio.sleep(1.5)
+        reading = asyncio.create_task(slow_reader(url, BODY, pause_s=8.0, read_s=150.0))
+        # paused once the client's socket and the guard's write buffer are full: 0.1-0.3 s
+        # idle, 1.5 s was once not enough under CI's other load
+        await until(lambda: len(guard.open) == 1 and paused(next(iter(guard.open.values()))), 6.0)
         held = written[0]
-        (ex,) = guard.open.values()
-        assert not engine_side(ex).is_reading() and ex.waiting_since is None
         grown_mb = (psutil.Process().memory_info().rss - rss) / 2**20
         await asyncio.sleep(1.0)
         assert written[0] == held < FIREHOSE / 2, (held, FIREHOSE)
@@ -248,10 +248,13 @@ async def test_a_slow_reader_pauses_its_engine_connection() -> None:
     assert events[-2:] == [b"data: [DONE]", b""]
 
 
-def engine_side(ex: Exchange) -> asyncio.Transport:
-    """The guard's connection to the engine for this request."""
-    assert isinstance(ex.upstream, EngineSide) and ex.upstream.transport is not None
-    return ex.upstream.transport
+def paused(ex: Exchange) -> bool:
+    """The guard has stopped reading the engine for this request, and waits on the client
+    (not on the engine: no stall clock runs)."""
+    up = ex.upstream
+    if not isinstance(up, EngineSide) or up.transport is None:
+        return False  # not yet connected
+    return not up.transport.is_reading() and ex.waiting_since is None
 
 
 def dechunk(raw: bytes) -> bytes:

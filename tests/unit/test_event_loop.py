@@ -80,3 +80,25 @@ def test_freed_heap_pages_go_back_to_the_system() -> None:
     assert ran.returncode == 0, ran.stderr
     before, after = (float(x) for x in ran.stdout.split())
     assert before - after > 40, (before, after)
+
+
+INTERRUPTED_BEFORE_THE_LOOP = """
+import asyncio
+from engine_watchdog.cli.main import main
+def interrupted(coroutine, **kw):
+    raise KeyboardInterrupt  # a Ctrl-C after the coroutine is made, before the loop takes it
+asyncio.run = interrupted
+main(["watch", "http://127.0.0.1:9"])
+"""
+
+
+def test_a_ctrl_c_before_the_loop_takes_the_command_ends_quietly() -> None:
+    """The window test_stopping's "starting" moment hit now and then: exit 130 and nothing on
+    stderr, not Python's warning that the command's coroutine was never awaited."""
+    ran = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_BEFORE_THE_LOOP],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (ran.returncode, ran.stderr.strip()) == (130, "")
