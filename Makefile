@@ -10,14 +10,14 @@ DEMO_STAMP := $(DEMO_VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -
 .PHONY: demo test lint unit install clean tools
 
 # The guard's compiled read callback is built by the install: a changed source installs again.
-$(STAMP): pyproject.toml engine_watchdog/guard/_side.c
+$(STAMP): pyproject.toml engine_watchdog/guard/_side.c engine_watchdog/guard/_lane.c engine_watchdog/guard/_lane_thread.c engine_watchdog/guard/lane.h
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	rm -f $(VENV)/.installed-*; touch $@
 
 # The demo's own venv: what a user installs (no test tools); editable, so it runs this tree.
-$(DEMO_STAMP): pyproject.toml engine_watchdog/guard/_side.c
+$(DEMO_STAMP): pyproject.toml engine_watchdog/guard/_side.c engine_watchdog/guard/_lane.c engine_watchdog/guard/_lane_thread.c engine_watchdog/guard/lane.h
 	$(PYTHON) -m venv $(DEMO_VENV)
 	$(DEMO_VENV)/bin/python -m pip install -q --upgrade pip
 	$(DEMO_VENV)/bin/python -m pip install -q -e .

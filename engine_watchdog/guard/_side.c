@@ -21,7 +21,7 @@ static PyObject *one;
 static PyObject *s_pass_on, *s_parse_failed, *s_hold, *s_transport, *s_ex, *s_stats;
 static PyObject *s_framed, *s_clock, *s_high, *s_write, *s_is_closing, *s_buffer_size;
 static PyObject *s_scan, *s_gaps, *s_counts, *s_bounds, *s_total, *s_pending, *s_key;
-static PyObject *s_last_event_t, *s_events, *s_waiting_since;
+static PyObject *s_last_event_t, *s_events, *s_waiting_since, *s_adopt;
 
 typedef struct {
     PyObject_HEAD
@@ -29,6 +29,7 @@ typedef struct {
     PyObject *ready;   /* _ready: the body pieces of this read */
     PyObject *client;  /* _client: fast.Client, or None before the relay */
     PyObject *failure; /* failure */
+    char adopting;     /* _adopting: offer the stream to the steady relay (guard/lanes.py) */
     /* what the steady event needs of _client, read once: */
     PyObject *seen;    /* the _client the fields below are of */
     int fast;          /* 1: they are all there */
@@ -295,8 +296,24 @@ static int write_on(Side *self, PyObject *piece, PyObject *now) {
     return 0;
 }
 
+/* Whether the read was exactly one chunk around the piece: the parser is then between chunks,
+ * where the steady relay (guard/_lane.c) takes a stream up. The piece has no CR, so no other
+ * framing of the read could have given llhttp this piece. */
+static int one_chunk(PyObject *data, PyObject *piece) {
+    if (!PyBytes_CheckExact(data))
+        return 0;
+    const char *d = PyBytes_AS_STRING(data), *p = PyBytes_AS_STRING(piece);
+    Py_ssize_t n = PyBytes_GET_SIZE(data), k = PyBytes_GET_SIZE(piece), h = 0;
+    while (h < n && h < 9 && ((d[h] >= '0' && d[h] <= '9') || (d[h] >= 'a' && d[h] <= 'f') ||
+                              (d[h] >= 'A' && d[h] <= 'F')))
+        h++;
+    return h > 0 && h < 9 && n == h + 2 + k + 2 && memcmp(d + h, "\r\n", 2) == 0 &&
+           memcmp(d + h + 2, p, (size_t)k) == 0 && memcmp(d + n - 2, "\r\n", 2) == 0 &&
+           memchr(p, '\r', (size_t)k) == NULL;
+}
+
 /* 1: the read was one steady event, passed on; 0: Python's turn (nothing done); -1: error. */
-static int steady(Side *self) {
+static int steady(Side *self, PyObject *data) {
     if (PyList_GET_SIZE(self->ready) != 1)
         return 0;
     if (self->seen != self->client)
@@ -328,6 +345,11 @@ static int steady(Side *self) {
         rc = note_gap(self, now, PyFloat_AS_DOUBLE(now) - last_t);
     if (rc == 0)
         rc = write_on(self, piece, now);
+    if (rc == 0 && self->adopting && one_chunk(data, piece)) {
+        r = PyObject_CallMethodNoArgs((PyObject *)self, s_adopt);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
     Py_DECREF(piece);
     Py_DECREF(now);
     return rc < 0 ? -1 : 1;
@@ -367,7 +389,7 @@ static PyObject *Side_data_received(Side *self, PyObject *data) {
     if (PyList_GET_SIZE(self->ready) == 0 || self->client == NULL || self->client == Py_None ||
         (self->failure != NULL && self->failure != Py_None))
         Py_RETURN_NONE;
-    int done = steady(self);
+    int done = steady(self, data);
     if (done < 0)
         return NULL;
     if (done)
@@ -386,6 +408,7 @@ static PyMemberDef Side_members[] = {
     {"_ready", T_OBJECT, offsetof(Side, ready), 0, "Body pieces not yet passed on."},
     {"_client", T_OBJECT, offsetof(Side, client), 0, "Where the body goes, once relayed."},
     {"failure", T_OBJECT, offsetof(Side, failure), 0, "What ended the exchange, or None."},
+    {"_adopting", T_BOOL, offsetof(Side, adopting), 0, "Offer the stream to the relay thread."},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -414,7 +437,7 @@ static int intern_all(void) {
         {&s_scan, "scan"}, {&s_gaps, "gaps"}, {&s_counts, "counts"}, {&s_bounds, "bounds"},
         {&s_total, "total"}, {&s_pending, "pending"}, {&s_key, "key"},
         {&s_last_event_t, "last_event_t"}, {&s_events, "events"},
-        {&s_waiting_since, "waiting_since"},
+        {&s_waiting_since, "waiting_since"}, {&s_adopt, "_adopt"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].text);
@@ -425,8 +448,10 @@ static int intern_all(void) {
 }
 
 static struct PyModuleDef side_module = {
-    PyModuleDef_HEAD_INIT, "engine_watchdog.guard._side",
-    "The guard's read callback, compiled (guard/side.py).", -1, NULL,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "engine_watchdog.guard._side",
+    .m_doc = "The guard's read callback, compiled (guard/side.py).",
+    .m_size = -1,
 };
 
 PyMODINIT_FUNC PyInit__side(void) {

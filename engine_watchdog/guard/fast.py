@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
 from aiohttp import web
@@ -30,10 +30,16 @@ from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from engine_watchdog.guard.exchange import Exchange, returned
+from engine_watchdog.guard.lanes import Lanes
 from engine_watchdog.guard.side import Side
 from engine_watchdog.guard.stats import GuardStats
 from engine_watchdog.net.connection import Upstream
 
+if TYPE_CHECKING:
+    from engine_watchdog.guard._lane import Lane
+
+COOL_MAX = 64
+"""The most steady events a stream the relay thread handed back waits before it goes again."""
 NO_BODY_STATUS = frozenset({204, 304})
 """RFC 9112 6.3: these responses (and every 1xx) have no body, whatever their headers say."""
 
@@ -67,7 +73,7 @@ class Client:
     """Where a relayed body goes: the client's connection and its request's progress (plain
     data: :meth:`EngineSide._pass_on` and guard/_side.c read it)."""
 
-    __slots__ = ("clock", "ex", "framed", "high", "stats", "transport")
+    __slots__ = ("clock", "ex", "framed", "high", "lanes", "stats", "transport")
 
     def __init__(
         self,
@@ -76,6 +82,7 @@ class Client:
         stats: GuardStats | None,
         framed: bool,
         clock: Callable[[], float],
+        lanes: Lanes | None = None,
     ) -> None:
         self.transport = transport
         self.ex = ex
@@ -84,6 +91,8 @@ class Client:
         self.framed = framed
         self.clock = clock
         self.high = transport.get_write_buffer_limits()[1]
+        self.lanes = lanes
+        """The steady relay its stream may be handed to (guard/lanes.py); None: never."""
 
 
 class EngineSide(Side, asyncio.Protocol):
@@ -108,6 +117,11 @@ class EngineSide(Side, asyncio.Protocol):
         self.done = False
         self._client_full = False
         self._wake: asyncio.Future[None] | None = None
+        self.lane: Lane | None = None
+        """Set while the stream's steady reads are the relay thread's (guard/lanes.py)."""
+        self._adopting = True  # (read by guard/_side.c: offer the stream to the thread)
+        self._cool = 0
+        self._returns = 0
 
     # -- the engine connection's callbacks --------------------------------------------------
 
@@ -122,6 +136,8 @@ class EngineSide(Side, asyncio.Protocol):
             self._fail(UpstreamError(f"its response is not HTTP/1.1 the guard passes: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.lane is not None:
+            self._take_back_now()
         framed = "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
         if exc is None and self.head.done() and not framed:
             self.done = True  # no length, no chunks: the body ended with the connection
@@ -211,7 +227,8 @@ class EngineSide(Side, asyncio.Protocol):
                 self._client_full = False
                 client.ex.waiting_since = client.clock()
             assert self.transport is not None
-            self.transport.resume_reading()
+            if self.lane is None:  # (on the thread: it reads the engine's socket)
+                self.transport.resume_reading()
             self._wake = asyncio.get_running_loop().create_future()
             await self._wake
         if self.failure is not None:
@@ -219,10 +236,63 @@ class EngineSide(Side, asyncio.Protocol):
 
     def close(self) -> None:
         """Close the engine's connection (the engine takes it as the client gone)."""
+        if self.lane is not None:
+            self._take_back_now()
         if not self.head.done():
             self.head.cancel()
         if self.transport is not None:
             self.transport.close()
+
+    # -- the steady relay (guard/lanes.py) --------------------------------------------------
+
+    def _adopt(self) -> None:
+        """guard/_side.c, after a steady event from a read of one whole chunk: offer the
+        stream to the relay thread (after a cool-down if it came back before)."""
+        if self._cool:
+            self._cool -= 1
+            return
+        client = self._client
+        if client is None or client.lanes is None:
+            self.never_adopt()
+            return
+        client.lanes.adopt(self, client)
+
+    def never_adopt(self) -> None:
+        self._adopting = False
+
+    def taken_back(self) -> None:
+        """The thread handed the stream back: what it left is done here, in order."""
+        client = self._client
+        assert client is not None and client.lanes is not None and self.transport is not None
+        self._returns += 1
+        self._cool = min(2**self._returns, COOL_MAX)
+        try:
+            back, unsent = client.lanes.release(self)
+        except MemoryError:
+            self._fail(UpstreamError("the guard ran out of memory relaying it"))
+            return
+        out = client.transport
+        if unsent and out.is_closing():
+            self._fail(ConnectionResetError("the client went away"))
+            return
+        if unsent:
+            out.write(back)  # the rest of the thread's last write: before anything else
+        self.transport.resume_reading()
+        if unsent and out.get_write_buffer_size() > client.high:
+            self._hold()
+        elif back and not unsent:
+            self.data_received(back)  # the read the thread did not serve, as if just read
+
+    def _take_back_now(self) -> None:
+        """Before the client is written to or the engine's connection closed."""
+        client = self._client
+        assert client is not None and client.lanes is not None
+        try:
+            back, unsent = client.lanes.release(self)
+        except MemoryError:
+            return
+        if unsent and not client.transport.is_closing():
+            client.transport.write(back)
 
 
 class Relay:
@@ -235,6 +305,8 @@ class Relay:
         self.stats = stats
         self.clock = clock
         self.timeout_s = timeout_s
+        self.lanes: Lanes | None = None
+        """The steady relay (guard/lanes.py), once the guard has started it."""
 
     async def pump(
         self, request: web.Request, ex: Exchange, headers: CIMultiDict[str], body: bytes
@@ -261,7 +333,8 @@ class Relay:
             ex.response = resp
             framed = bool(getattr(writer, "chunked", False))  # aiohttp chose chunks for it
             stats = self.stats if ex.sse else None
-            await up.relay(Client(request.transport, ex, stats, framed, self.clock), writer)
+            client = Client(request.transport, ex, stats, framed, self.clock, self.lanes)
+            await up.relay(client, writer)
             await resp.write_eof()
             return resp
         finally:

@@ -35,6 +35,7 @@ from engine_watchdog.guard.conns import Connections
 from engine_watchdog.guard.errors import Ending, json_error, sse_error
 from engine_watchdog.guard.exchange import QUIET_S, Exchange, forwarded
 from engine_watchdog.guard.fast import NotListening, Relay, UpstreamError
+from engine_watchdog.guard.lanes import Lanes
 from engine_watchdog.guard.stats import GuardStats
 from engine_watchdog.net.connection import Upstream
 
@@ -73,6 +74,8 @@ class Guard:
         self._seen = (0, 0, [0] * (len(GAP_BOUNDS) + 1))
         self.port = 0
         self._relay = Relay(upstream, self.stats, clock, settings.connect_timeout_s)
+        self.lanes: Lanes | None = None
+        """The steady relay's thread (guard/lanes.py), while the guard runs where it is built."""
 
     # -- life -----------------------------------------------------------------------------
 
@@ -89,12 +92,14 @@ class Guard:
         )
         await self._runner.setup()
         self._server = await self.conns.listen(self._runner, host, port)
+        self.lanes = self._relay.lanes = Lanes.start(self.stats)
         sockets = self._server.sockets
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop or asyncio
         up = self.upstream
         engine = f"{up.scheme}://{up.authority}{up.base_path}"  # (no credential: none is here)
         kind = "compiled" if side.COMPILED else "Python"  # (guard/side.py)
+        kind += ", steady relay: thread" if self.lanes is not None else ""  # (guard/lanes.py)
         log.info("guard on http://%s:%d in front of %s (event loop: %s, read callback: %s)",
                  host, self.port, engine, loop, kind)  # fmt: skip
 
@@ -103,6 +108,9 @@ class Guard:
             self._server.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.lanes is not None:
+            self.lanes.close()
+            self.lanes = self._relay.lanes = None
 
     # -- the supervisor's orders -----------------------------------------------------------
 
@@ -143,8 +151,14 @@ class Guard:
 
     # -- the probe -------------------------------------------------------------------------
 
+    def count(self) -> None:
+        """The steady relay's counts into :attr:`stats` (before they are read)."""
+        if self.lanes is not None:
+            self.lanes.sync()
+
     def snapshot(self, t: float) -> GuardObs:
         """What the wire showed since the last snapshot, and every stream quiet a second."""
+        self.count()
         stats = self.stats
         events, finished, gaps = self._seen
         counts = list(stats.gaps.counts)

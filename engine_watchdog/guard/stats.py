@@ -127,13 +127,17 @@ class GuardCollector(Collector):
         stats: GuardStats,
         in_flight: Callable[[], int],
         refusing: Callable[[], bool],
+        count: Callable[[], None] = lambda: None,
     ) -> None:
         self.target = target
         self.stats = stats
         self.in_flight = in_flight
         self.refusing = refusing
+        self.count = count
+        """Brings counts kept elsewhere into ``stats`` (the steady relay's: Guard.count)."""
 
     def collect(self) -> Iterable[Metric]:
+        self.count()
         s, t, p = self.stats, self.target, PREFIX + "guard_"
         requests = CounterMetricFamily(
             p + "requests",

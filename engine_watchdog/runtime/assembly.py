@@ -165,7 +165,11 @@ async def _guard(
         ) from None
     metrics.registry.register(
         GuardCollector(
-            settings.url, guard.stats, lambda: len(guard.open), lambda: bool(guard.refusal)
+            settings.url,
+            guard.stats,
+            lambda: len(guard.open),
+            lambda: bool(guard.refusal),
+            guard.count,
         )
     )
     return guard

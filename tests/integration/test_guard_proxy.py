@@ -160,8 +160,9 @@ async def test_the_guard_runs_on_uvloop_unless_told_otherwise(
 ) -> None:
     """The installed guard's event loop is uvloop (docs/performance.md: its CPU per event);
     --guard-loop asyncio keeps the standard one. Its start-up line says which, and which read
-    callback runs (compiled where the install built guard/_side.c), and a stream passes whole
-    on either (and on the Python callback, ENGINE_WATCHDOG_PURE_PYTHON=1)."""
+    callback runs (compiled where the install built guard/_side.c, with the steady relay's
+    thread, guard/_lane.c), and a stream passes whole on either (and on the Python callback,
+    ENGINE_WATCHDOG_PURE_PYTHON=1)."""
     if pure:
         monkeypatch.setenv(side.PURE_ENV, "1")
     async with sse_server() as upstream:
@@ -176,7 +177,7 @@ async def test_the_guard_runs_on_uvloop_unless_told_otherwise(
             await stop_guard(guard)
     line = started.strip()  # one JSON object under --json (docs/logs.md), plain text otherwise
     said = str(json.loads(line)["msg"]) if line.startswith(b"{") else line.decode()
-    kind = "compiled" if side.COMPILED and not pure else "Python"
+    kind = "compiled, steady relay: thread" if side.COMPILED and not pure else "Python"
     assert said.endswith(f"(event loop: {loop}, read callback: {kind})"), said
     assert got.done and got.error is None and len(got.events) == 21
 

@@ -5,6 +5,7 @@ and histograms, and the same ends (a client gone, a full client buffer, a parse 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
 import json
 import os
@@ -199,3 +200,4 @@ def test_the_dev_install_runs_the_compiled_callback() -> None:
     if os.environ.get(side.PURE_ENV, "") not in ("", "0"):
         pytest.skip(f"{side.PURE_ENV} is set")
     assert side.COMPILED, "guard/_side.c was not built: pip install -e . with a C compiler"
+    assert importlib.util.find_spec("engine_watchdog.guard._lane"), "guard/_lane.c was not built"

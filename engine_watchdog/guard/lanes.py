@@ -1,0 +1,158 @@
+"""The steady relay: a stream whose reads are steady is handed to a thread of its own
+(guard/_lane.c), which carries them from the engine's socket to the client's without the
+interpreter or the event loop, and hands the stream back at the first read that is not.
+
+With the read callback compiled (guard/side.py), what was left of the guard's CPU per event
+above nginx's was the event loop's own cost per read; a relay in C pays none of it
+(docs/performance.md, "The steady relay").
+
+When a stream is handed over (:meth:`Lanes.adopt`): after a steady event the compiled callback
+passed itself (guard/_side.c), from a read that was exactly one chunk (the parser is then
+between chunks), past the stream's first token, with nothing waiting in the client's buffer,
+on plain TCP at both ends, with the guard on ``time.time`` (the thread's clock). The event
+loop stops reading the engine's socket while the thread reads it.
+
+What comes back (:meth:`Lanes.on_returned`, woken by the thread through an eventfd): the
+stream, its counts, and either the read the thread did not serve (Python feeds it to the
+stream's parser, as if it had just come) or the part of a write the client did not take
+(Python writes it first). A stream that comes back waits twice as many steady events before it
+goes again (at most guard/fast.py ``COOL_MAX``), so one that keeps coming back costs little.
+
+Counts wait in the thread until Python takes them: at every probe round and scrape
+(:meth:`Lanes.sync`), and when a stream comes back. A stream is always taken back
+(guard/fast.py ``EngineSide.close``) before its client is written to or its engine connection
+is closed.
+``ENGINE_WATCHDOG_PURE_PYTHON=1`` turns this off with the compiled callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from engine_watchdog.guard import side
+from engine_watchdog.guard.exchange import Exchange
+from engine_watchdog.guard.stats import GuardStats
+
+if TYPE_CHECKING:
+    from engine_watchdog.guard._lane import Lane
+
+
+class Stream(Protocol):
+    """A request's engine connection, as the relay sees it (guard/fast.py ``EngineSide``)."""
+
+    transport: asyncio.Transport | None
+    lane: Lane | None
+
+    def never_adopt(self) -> None: ...
+
+    def taken_back(self) -> None: ...
+
+
+class Client(Protocol):
+    """Where a stream goes (guard/fast.py ``Client``)."""
+
+    ex: Exchange
+    transport: asyncio.Transport
+    framed: bool
+    clock: Callable[[], float]
+
+
+class Lanes:
+    """One guard's steady relay: its thread, and the streams on it."""
+
+    def __init__(self, pump: Any, stats: GuardStats) -> None:
+        self.pump = pump
+        self.stats = stats
+        self.adopted: dict[Stream, Client] = {}
+        """The streams on the thread, and where each goes."""
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(pump.fileno(), self.on_returned)
+
+    @classmethod
+    def start(cls, stats: GuardStats) -> Lanes | None:
+        """The relay's thread, started; None where it is not built (or the Python path is
+        asked for)."""
+        if not side.COMPILED:
+            return None
+        try:
+            from engine_watchdog.guard._lane import Pump
+        except ImportError:  # built without it (not Linux): the compiled callback alone
+            return None
+        return cls(Pump(stats.gaps.bounds), stats)
+
+    def close(self) -> None:
+        """Stop the thread; every stream still on it comes back to the event loop."""
+        self._loop.remove_reader(self.pump.fileno())
+        self.pump.close()
+        self.on_returned()
+
+    def adopt(self, up: Stream, client: Client) -> bool:
+        """Hand ``up``'s stream to the thread, if it can go now (module docstring)."""
+        ex, engine, out = client.ex, up.transport, client.transport
+        if engine is None or out.is_closing() or out.get_write_buffer_size():
+            return False
+        if ex.scan.pending or ex.last_event_t is None or ex.waiting_since is None:
+            return False
+        efd, cfd = _plain_fd(engine), _plain_fd(out)
+        if efd < 0 or cfd < 0 or client.clock is not time.time:
+            up.never_adopt()  # TLS, or a clock of its own: never on this stream
+            return False
+        engine.pause_reading()  # the thread's alone from now on
+        lane = self.pump.adopt(up, efd, cfd, ex.scan.key, client.framed, ex.last_event_t)
+        if lane is None:  # the thread has stopped
+            engine.resume_reading()
+            up.never_adopt()
+            return False
+        up.lane = lane
+        self.adopted[up] = client
+        return True
+
+    def sync(self) -> None:
+        """Every stream's counts from the thread into the guard's (before they are read)."""
+        for up, client in self.adopted.items():
+            if up.lane is not None:
+                self.credit(up.lane.take(), client)
+
+    def credit(self, taken: tuple[int, float, tuple[int, ...], float], client: Client) -> None:
+        """What :meth:`GuardStats.note` would have counted for the thread's events."""
+        events, last_t, gaps, gap_total = taken
+        if not events:
+            return
+        ex, stats = client.ex, self.stats
+        ex.events += events
+        stats.events += events
+        ex.last_event_t = last_t
+        if stats.last_event_t is None or last_t > stats.last_event_t:
+            stats.last_event_t = last_t
+        counts = stats.gaps.counts
+        for i, n in enumerate(gaps):
+            counts[i] += n
+        stats.gaps.total += gap_total
+
+    def on_returned(self) -> None:
+        """The streams the thread handed back: each to its own side."""
+        for lane in self.pump.returned():
+            up = lane.owner
+            if up.lane is lane:
+                up.taken_back()
+
+    def release(self, up: Stream) -> tuple[bytes, bool]:
+        """Take ``up``'s stream back now, with its counts; what came back with it."""
+        lane, up.lane = up.lane, None
+        client = self.adopted.pop(up)
+        assert lane is not None
+        try:
+            return lane.reclaim()  # (first: the thread counts nothing after it)
+        finally:
+            self.credit(lane.take(), client)
+
+
+def _plain_fd(transport: asyncio.BaseTransport) -> int:
+    """The socket's descriptor where the transport is plain TCP; -1 otherwise (TLS)."""
+    if transport.get_extra_info("sslcontext") is not None:
+        return -1
+    sock = transport.get_extra_info("socket")
+    return -1 if sock is None else int(sock.fileno())

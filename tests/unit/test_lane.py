@@ -1,0 +1,172 @@
+"""The steady relay's thread (guard/_lane.c) against socket pairs: what it serves, what it hands
+back untouched, the rest of a write a full client did not take, and a descriptor the event loop
+closes under it, which it never writes once that number belongs to another connection."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from engine_watchdog.core.wire import GAP_BOUNDS
+
+lane = pytest.importorskip("engine_watchdog.guard._lane")
+KEY = b'"text":"'
+
+
+def chunk(*events: bytes) -> bytes:
+    body = b"".join(events)
+    return b"%x\r\n%b\r\n" % (len(body), body)
+
+
+def text(i: int) -> bytes:
+    return b'data: {"choices":[{"index":0,"text":"t%d"}]}\n\n' % i
+
+
+class Pair:
+    """An engine connection and a client connection, each a socket pair: the lane's ends are
+    ``engine`` and ``client``, the test's are ``engine_peer`` and ``client_peer``."""
+
+    def __init__(self) -> None:
+        self.engine, self.engine_peer = socket.socketpair()
+        self.client, self.client_peer = socket.socketpair()
+        for s in (self.engine_peer, self.client_peer):
+            s.settimeout(5)
+
+    def close(self) -> None:
+        for s in (self.engine, self.engine_peer, self.client, self.client_peer):
+            s.close()
+
+
+@pytest.fixture
+def pump() -> Iterator[Any]:
+    p = lane.Pump(GAP_BOUNDS)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    p = Pair()
+    yield p
+    p.close()
+
+
+def adopt(pump: Any, pair: Pair, framed: bool = True) -> Any:
+    got = pump.adopt(object(), pair.engine.fileno(), pair.client.fileno(), KEY, framed, 1.0)
+    assert got is not None
+    return got
+
+
+def returned(pump: Any) -> list[Any]:
+    """The lanes handed back, waiting up to 5 s for the first."""
+    ready, _, _ = select.select([pump.fileno()], [], [], 5)
+    assert ready, "nothing came back in 5 s"
+    return list(pump.returned())
+
+
+def test_steady_chunks_are_served_as_one_and_counted(pump: Any, pair: Pair) -> None:
+    stream = adopt(pump, pair)
+    pair.engine_peer.sendall(chunk(text(1)))
+    assert pair.client_peer.recv(4096) == chunk(text(1))
+    pair.engine_peer.sendall(chunk(text(2)) + chunk(text(3), text(4)))  # one read, 3 events
+    assert pair.client_peer.recv(4096) == chunk(text(2), text(3), text(4))
+    events, last_t, gaps, total = stream.take()
+    assert events == 4 and sum(gaps) == 2 and last_t > 1.0 and total > 0
+    assert stream.take()[0] == 0  # taken: zeroed
+    assert pump.counts()[:3] == (2, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        chunk(b": keepalive\n\n"),
+        chunk(b'data: {"choices":[{"index":0,"text":""}]}\n\n'),
+        chunk(b'event: x\ndata: {"text":"a"}\n\n'),
+        chunk(text(1))[:-3],  # a chunk cut short
+        chunk(text(1)) + b"0\r\n\r\n",  # the last chunk
+        b"5;ext=1\r\nhello\r\n",
+        b"0\r\n\r\n",
+    ],
+)
+def test_any_other_read_comes_back_untouched(pump: Any, pair: Pair, read: bytes) -> None:
+    stream = adopt(pump, pair)
+    pair.engine_peer.sendall(read)
+    assert returned(pump) == [stream]
+    assert stream.reclaim() == (read, False)
+    assert stream.take()[0] == 0
+    pair.client_peer.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        pair.client_peer.recv(1)  # nothing was written
+
+
+def test_the_end_of_the_engine_connection_comes_back(pump: Any, pair: Pair) -> None:
+    stream = adopt(pump, pair)
+    pair.engine_peer.shutdown(socket.SHUT_WR)
+    assert returned(pump) == [stream]
+    assert stream.reclaim() == (b"", False)
+
+
+def test_a_full_client_gets_the_rest_of_the_write_back_in_order(pump: Any, pair: Pair) -> None:
+    pair.client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    stream = adopt(pump, pair)
+    big = b'data: {"choices":[{"index":0,"text":"%b"}]}\n\n' % (b"y" * 60000)
+    sent = b""
+    for _ in range(20):  # until the client's buffers are full and the lane comes back
+        pair.engine_peer.sendall(chunk(big))
+        sent += chunk(big)
+        ready, _, _ = select.select([pump.fileno()], [], [], 0.2)
+        if ready:
+            break
+    assert returned(pump) == [stream]
+    rest, unsent = stream.reclaim()
+    assert unsent and rest
+    got = b""
+    pair.client_peer.setblocking(False)
+    while True:
+        try:
+            got += pair.client_peer.recv(1 << 20)
+        except BlockingIOError:
+            break
+    assert got + rest == sent  # the rest, written first by Python, completes the stream
+
+
+def test_a_descriptor_the_loop_closes_is_never_written_under_its_next_owner(
+    pump: Any, pair: Pair
+) -> None:
+    """The lane writes to its own duplicate: the old connection still gets the event, the new
+    connection that now has the old descriptor number gets nothing."""
+    stream = adopt(pump, pair)
+    number = pair.client.fileno()
+    pair.client.close()  # as the event loop closes a transport, before the stream is taken back
+    new, new_peer = socket.socketpair()
+    try:
+        if new.fileno() != number:  # the lowest free number: normally the one just freed
+            moved = os.dup2(new.fileno(), number)
+            new.detach()
+            new = socket.socket(fileno=moved)
+        pair.engine_peer.sendall(chunk(text(7)))
+        assert pair.client_peer.recv(4096) == chunk(text(7))
+        new_peer.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            new_peer.recv(1)
+    finally:
+        new.close()
+        new_peer.close()
+    assert stream.reclaim() == (b"", False)
+
+
+def test_a_stopped_pump_hands_every_stream_back(pair: Pair) -> None:
+    p = lane.Pump(GAP_BOUNDS)
+    stream = adopt(p, pair)
+    p.close()
+    assert p.returned() == [stream]
+    assert p.counts()[3] is False
+    assert p.adopt(object(), pair.engine.fileno(), pair.client.fileno(), KEY, True, 1.0) is None
+    pair.engine_peer.sendall(chunk(text(1)))  # nothing reads it now: the loop's again
+    assert stream.reclaim() == (b"", False)
+    assert pair.engine.recv(4096) == chunk(text(1))
