@@ -57,6 +57,8 @@ static PyObject *Pump_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Pump *p = (Pump *)type->tp_alloc(type, 0);
     if (p == NULL)
         return NULL;
+    p->c.ep = p->c.wake = p->c.stop = -1; /* (not 0: dealloc would close stdin) */
+    pthread_mutex_init(&p->c.mu, NULL);
     p->c.nbounds = (int)PyTuple_GET_SIZE(bounds);
     for (int i = 0; i < p->c.nbounds; i++) {
         p->c.bounds[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(bounds, i));
@@ -146,7 +148,7 @@ static PyObject *Pump_returned(Pump *p, PyObject *unused) {
     size_t kept = 0;
     for (size_t i = 0; i < p->c.nqueue; i++)
         if (PyList_Append(out, (PyObject *)LANE_OF(p->c.queue[i])) == 0)
-            p->c.queue[i]->state = TAKEN;
+            pump_taken(&p->c, p->c.queue[i]);
         else
             p->c.queue[kept++] = p->c.queue[i]; /* RETURNED still: the next call, or reclaim */
     p->c.nqueue = kept;

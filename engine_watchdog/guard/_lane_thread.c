@@ -25,12 +25,13 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Off epoll, its sockets closed. Its slot stays taken until Python takes the lane (returned()
+ * or reclaim): the queue then never holds more lanes than the table has slots. */
 static void unhook(struct pump *p, struct lane *l) {
     epoll_ctl(p->ep, EPOLL_CTL_DEL, l->efd, NULL);
     close(l->efd);
     close(l->cfd);
     l->efd = l->cfd = -1;
-    p->table[l->slot] = NULL;
 }
 
 /* The stream goes back to Python with `n` bytes: the read (unsent 0) or unsent output (1). */
@@ -208,26 +209,24 @@ static void serve(struct pump *p, struct lane *l) {
 
 static void *run(void *arg) {
     struct pump *p = arg;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the main thread's */
-    struct epoll_event evs[64];
+    struct epoll_event evs[64]; /* (signals: blocked since birth, pump_open) */
     for (;;) {
         int n = epoll_wait(p->ep, evs, 64, -1);
         if (n < 0 && errno == EINTR)
             continue;
-        pthread_mutex_lock(&p->mu);
-        int stop = n < 0 || p->stopping;
-        for (int i = 0; i < n && !stop; i++) {
+        int stop = n < 0;
+        for (int i = 0; i < n && !stop; i++) { /* the mutex per read: Python waits one at most */
             uint64_t d = evs[i].data.u64;
             uint32_t slot = (uint32_t)d, gen = (uint32_t)(d >> 32);
-            if (d == STOP_TAG)
-                stop = 1;
-            else if (slot < p->cap && p->table[slot] != NULL && p->gens[slot] == gen &&
-                     p->table[slot]->state == ADOPTED)
+            pthread_mutex_lock(&p->mu);
+            stop = d == STOP_TAG || p->stopping;
+            if (!stop && slot < p->cap && p->table[slot] != NULL && p->gens[slot] == gen &&
+                p->table[slot]->state == ADOPTED)
                 serve(p, p->table[slot]);
+            pthread_mutex_unlock(&p->mu);
         }
-        if (stop) { /* every stream still here goes back: none is left unserved */
+        pthread_mutex_lock(&p->mu);
+        if (stop || p->stopping) { /* every stream still here goes back: none is left unserved */
             for (uint32_t s = 0; s < p->cap; s++)
                 if (p->table[s] != NULL && p->table[s]->state == ADOPTED)
                     give_back(p, p->table[s], NULL, 0, 0);
@@ -248,7 +247,14 @@ void pump_release(struct pump *p, struct lane *l) {
                 p->queue[i] = p->queue[--p->nqueue];
                 break;
             }
+    if (l->state == ADOPTED || l->state == RETURNED)
+        p->table[l->slot] = NULL;
     l->state = IDLE;
+}
+
+void pump_taken(struct pump *p, struct lane *l) {
+    p->table[l->slot] = NULL;
+    l->state = TAKEN;
 }
 
 static int grow(struct pump *p) {
@@ -274,8 +280,7 @@ static int grow(struct pump *p) {
 }
 
 int pump_open(struct pump *p) {
-    p->ep = p->wake = p->stop = -1;
-    pthread_mutex_init(&p->mu, NULL);
+    errno = 0;
     p->buf = malloc(READ_MAX);
     p->ep = epoll_create1(EPOLL_CLOEXEC);
     p->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -287,8 +292,12 @@ int pump_open(struct pump *p) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 256 * 1024); /* its frames are small; the buffer is heap */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old); /* born with every signal blocked: the main's */
     p->running = 1;
     int rc = pthread_create(&p->thread, &attr, run, p);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
     if (rc != 0) {
         p->running = 0;

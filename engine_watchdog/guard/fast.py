@@ -136,8 +136,9 @@ class EngineSide(Side, asyncio.Protocol):
             self._fail(UpstreamError(f"its response is not HTTP/1.1 the guard passes: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.lane is not None:
-            self._take_back_now()
+        self._adopting = False
+        if self.lane is not None and (back := self._take_back_now()):
+            self.data_received(back)  # its last read, handed back: maybe the response's end
         framed = "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
         if exc is None and self.head.done() and not framed:
             self.done = True  # no length, no chunks: the body ended with the connection
@@ -283,16 +284,23 @@ class EngineSide(Side, asyncio.Protocol):
         elif back and not unsent:
             self.data_received(back)  # the read the thread did not serve, as if just read
 
-    def _take_back_now(self) -> None:
-        """Before the client is written to or the engine's connection closed."""
+    def _take_back_now(self) -> bytes:
+        """Before the client is written to or the engine's connection closed: the rest of the
+        thread's last write is written; the read it handed back, if any, is returned."""
         client = self._client
         assert client is not None and client.lanes is not None
         try:
             back, unsent = client.lanes.release(self)
         except MemoryError:
-            return
+            return b""
         if unsent and not client.transport.is_closing():
             client.transport.write(back)
+        return b"" if unsent else back
+
+    def broke(self, exc: Exception) -> None:
+        """Taking the stream back from the thread failed: this request ends, as a read
+        callback's error ends its connection."""
+        self._fail(UpstreamError(f"the guard failed relaying it: {exc!r}"))
 
 
 class Relay:

@@ -46,14 +46,17 @@ struct pump {
     long long served, handed_back, partial;
 };
 
-/* Its descriptors, buffer and table, and its thread started: 0, or an errno. */
+/* Its descriptors, buffer and table, and its thread started: 0, or an errno. The caller has
+ * set ep, wake and stop to -1 and initialised the mutex. */
 int pump_open(struct pump *p);
 /* Stop and join the thread: every lane still adopted is handed back (blocks: no GIL held). */
 void pump_stop(struct pump *p);
 void pump_free(struct pump *p);
 /* The lane into the table and epoll (its fds dup'd): 0; -1 where the thread has stopped. */
 int pump_adopt(struct pump *p, struct lane *l);
-/* The mutex held: the lane out of the table or the queue, its fds closed, IDLE. */
+/* The mutex held: the lane out of the table and the queue, its fds closed, IDLE. */
 void pump_release(struct pump *p, struct lane *l);
+/* The mutex held: a returned lane is Python's (its slot free again), TAKEN. */
+void pump_taken(struct pump *p, struct lane *l);
 
 #endif

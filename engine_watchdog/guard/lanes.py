@@ -28,6 +28,7 @@ is closed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -39,6 +40,8 @@ from engine_watchdog.guard.stats import GuardStats
 if TYPE_CHECKING:
     from engine_watchdog.guard._lane import Lane
 
+log = logging.getLogger(__name__)
+
 
 class Stream(Protocol):
     """A request's engine connection, as the relay sees it (guard/fast.py ``EngineSide``)."""
@@ -49,6 +52,8 @@ class Stream(Protocol):
     def never_adopt(self) -> None: ...
 
     def taken_back(self) -> None: ...
+
+    def broke(self, exc: Exception) -> None: ...
 
 
 class Client(Protocol):
@@ -81,7 +86,12 @@ class Lanes:
             from engine_watchdog.guard._lane import Pump
         except ImportError:  # built without it (not Linux): the compiled callback alone
             return None
-        return cls(Pump(stats.gaps.bounds), stats)
+        try:
+            pump = Pump(stats.gaps.bounds)
+        except OSError as exc:  # no thread, epoll or eventfd to be had: the event loop's path
+            log.warning("guard: the steady relay did not start (%s): streams stay on the loop", exc)
+            return None
+        return cls(pump, stats)
 
     def close(self) -> None:
         """Stop the thread; every stream still on it comes back to the event loop."""
@@ -101,8 +111,11 @@ class Lanes:
             up.never_adopt()  # TLS, or a clock of its own: never on this stream
             return False
         engine.pause_reading()  # the thread's alone from now on
-        lane = self.pump.adopt(up, efd, cfd, ex.scan.key, client.framed, ex.last_event_t)
-        if lane is None:  # the thread has stopped
+        try:
+            lane = self.pump.adopt(up, efd, cfd, ex.scan.key, client.framed, ex.last_event_t)
+        except OSError:  # no descriptor for its duplicates (EMFILE): the loop keeps it
+            lane = None
+        if lane is None:  # the thread has stopped, or could not take it
             engine.resume_reading()
             up.never_adopt()
             return False
@@ -136,8 +149,12 @@ class Lanes:
         """The streams the thread handed back: each to its own side."""
         for lane in self.pump.returned():
             up = lane.owner
-            if up.lane is lane:
+            if up.lane is not lane:
+                continue  # taken back already (Stream.close)
+            try:
                 up.taken_back()
+            except Exception as exc:  # one stream's failure: its own end, never the others'
+                up.broke(exc)
 
     def release(self, up: Stream) -> tuple[bytes, bool]:
         """Take ``up``'s stream back now, with its counts; what came back with it."""

@@ -282,8 +282,9 @@ class Guard:
 SHUTDOWN_S = 2.0
 """aiohttp's own bound on each of its two waits for handlers at cleanup."""
 OPEN_FILES_WANTED = 65536
-"""Two sockets per stream (client and engine): the usual soft limit of 1024 would cap the guard
-near 500 streams, and a refused accept() leaves a client waiting."""
+"""Two sockets per stream (client and engine), four while the steady relay holds duplicates of
+both (guard/lanes.py): the usual soft limit of 1024 would cap the guard near 250-500 streams,
+and a refused accept() leaves a client waiting."""
 
 
 def raise_open_files_limit() -> None:

@@ -23,7 +23,7 @@ from engine_watchdog.guard.fast import EngineSide
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.sim.launcher import free_port
 from tests.tools.guard import served, slow_reader, upstream
-from tests.tools.raw_engine import LAST, SSE_HEAD, chunks, cut, raw_engine
+from tests.tools.raw_engine import LAST, SSE_HEAD, chunks, cut, dechunk, raw_engine
 
 pytestmark = [pytest.mark.timeout(60)]
 BODY = {"model": "m", "prompt": "go", "stream": True}
@@ -255,20 +255,6 @@ def paused(ex: Exchange) -> bool:
     if not isinstance(up, EngineSide) or up.transport is None:
         return False  # not yet connected
     return not up.transport.is_reading() and ex.waiting_since is None
-
-
-def dechunk(raw: bytes) -> bytes:
-    """A whole chunked body, decoded (independently of the guard's parser)."""
-    out: list[bytes] = []
-    at = 0
-    while True:
-        eol = raw.index(b"\r\n", at)
-        size = int(raw[at:eol], 16)
-        if not size:
-            return b"".join(out)
-        out.append(raw[eol + 2 : eol + 2 + size])
-        assert raw[eol + 2 + size : eol + 4 + size] == b"\r\n"
-        at = eol + 4 + size
 
 
 async def test_an_engine_down_or_not_speaking_http() -> None:

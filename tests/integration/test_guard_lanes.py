@@ -25,7 +25,7 @@ from engine_watchdog.guard.errors import sse_error
 from engine_watchdog.guard.lanes import Lanes
 from engine_watchdog.guard.proxy import Guard
 from tests.tools.guard import served, slow_reader, upstream
-from tests.tools.raw_engine import LAST, SSE_HEAD, chunks, raw_engine
+from tests.tools.raw_engine import LAST, SSE_HEAD, chunks, dechunk, raw_engine
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -191,21 +191,9 @@ async def test_a_slow_reader_on_the_thread_gets_every_event_in_order() -> None:
         await until(lambda: not guard.open)
         assert guard.lanes is not None
         served_n, _, part_written, _ = guard.lanes.pump.counts()
-    body = _dechunk(raw.split(b"\r\n\r\n", 1)[1])
+    body = dechunk(raw.split(b"\r\n\r\n", 1)[1])
     assert body == b"".join(first + events) + b"data: [DONE]\n\n"
     assert served_n > 0 and part_written >= 1, (served_n, part_written)  # the client was full
-
-
-def _dechunk(raw: bytes) -> bytes:
-    out: list[bytes] = []
-    at = 0
-    while True:
-        eol = raw.index(b"\r\n", at)
-        size = int(raw[at:eol], 16)
-        if not size:
-            return b"".join(out)
-        out.append(raw[eol + 2 : eol + 2 + size])
-        at = eol + 4 + size
 
 
 async def test_streams_on_the_thread_come_back_whole_when_it_stops() -> None:
@@ -234,3 +222,27 @@ async def test_streams_on_the_thread_come_back_whole_when_it_stops() -> None:
         gate.set()
         body = await asyncio.wait_for(reading, 10)
     assert body == b"".join(text(i) for i in range(40)) + b"data: [DONE]\n\n"
+
+
+async def test_a_stream_the_thread_cannot_take_stays_whole_on_the_loop() -> None:
+    """No descriptor left for the thread's duplicates (EMFILE): the stream stays on the event
+    loop, whole, where the thread's refusal once cut it."""
+    pieces = [SSE_HEAD, *(chunks(text(i)) for i in range(10)), chunks(b"data: [DONE]\n\n") + LAST]
+
+    class NoDescriptors:
+        def __init__(self, pump: Any) -> None:
+            self.pump = pump
+
+        def adopt(self, *args: Any) -> None:
+            raise OSError(24, "Too many open files")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.pump, name)
+
+    async with raw_engine(pieces) as engine, guarded(engine.url) as (guard, url):
+        assert guard.lanes is not None
+        guard.lanes.pump = NoDescriptors(guard.lanes.pump)
+        body = await read_all(url)
+        await until(lambda: not guard.open)
+        assert guard.stats.outcomes["completed"] == 1
+    assert body == b"".join(text(i) for i in range(10)) + b"data: [DONE]\n\n"

@@ -29,6 +29,20 @@ def chunks(*pieces: bytes) -> bytes:
 LAST = b"0\r\n\r\n"
 
 
+def dechunk(raw: bytes) -> bytes:
+    """A whole chunked body, decoded (independently of the guard's parser)."""
+    out: list[bytes] = []
+    at = 0
+    while True:
+        eol = raw.index(b"\r\n", at)
+        size = int(raw[at:eol], 16)
+        if not size:
+            return b"".join(out)
+        out.append(raw[eol + 2 : eol + 2 + size])
+        assert raw[eol + 2 + size : eol + 4 + size] == b"\r\n"
+        at = eol + 4 + size
+
+
 def cut(data: bytes, *at: int) -> list[bytes]:
     """``data`` cut at these offsets."""
     bounds = [0, *at, len(data)]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import select
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,3 +172,48 @@ def test_a_stopped_pump_hands_every_stream_back(pair: Pair) -> None:
     pair.engine_peer.sendall(chunk(text(1)))  # nothing reads it now: the loop's again
     assert stream.reclaim() == (b"", False)
     assert pair.engine.recv(4096) == chunk(text(1))
+
+
+MANY_BACK = """
+import select, socket, sys
+sys.path.insert(0, ".")
+from tests.unit.test_lane import GAP_BOUNDS, Pair, adopt, lane, returned, _until_handed_back
+pump = lane.Pump(GAP_BOUNDS)
+pairs = [Pair() for _ in range(83)]
+first = [adopt(pump, p) for p in pairs[:63]]
+for p in pairs[:63]:
+    p.engine_peer.shutdown(socket.SHUT_WR)
+_until_handed_back(pump, 63)
+later = [adopt(pump, p) for p in pairs[63:]]
+for p in pairs[63:]:
+    p.engine_peer.shutdown(socket.SHUT_WR)
+_until_handed_back(pump, 83)
+assert sorted(map(id, returned(pump))) == sorted(map(id, first + later))
+del first, later
+pump.close()
+print("ok")
+"""
+
+
+def test_more_streams_back_at_once_than_its_table_has_slots() -> None:
+    """Every stream of a full table comes back, and more are taken and come back, before Python
+    takes any of them: each keeps its slot until taken, so the queue never outgrows the table.
+    (In a process of its own: the overflow this once was corrupted the heap, found at exit.)"""
+    ran = subprocess.run(
+        [sys.executable, "-c", MANY_BACK], capture_output=True, text=True, timeout=60
+    )
+    assert (ran.returncode, ran.stdout.strip()) == (0, "ok"), ran.stderr[-2000:]
+
+
+def _until_handed_back(pump: Any, n: int) -> None:
+    for _ in range(500):
+        if pump.counts()[1] >= n:
+            return
+        select.select([], [], [], 0.01)
+    raise AssertionError(f"{pump.counts()[1]} of {n} handed back")
+
+
+def test_a_pump_that_cannot_start_leaves_every_descriptor_alone() -> None:
+    with pytest.raises(TypeError):
+        lane.Pump((1.0, "x"))
+    os.fstat(0)  # stdin still open (a failed start once closed descriptor 0 three times)
