@@ -211,6 +211,19 @@ def _interrupted() -> int:
     return EXIT_INTERRUPTED
 
 
+def _from_ctrl_c(exc: BaseException) -> bool:
+    """A Ctrl-C that Python wrapped: on 3.11 one that lands in a class body's ``__set_name__``
+    (an import at start-up: a dataclass's fields) comes out as RuntimeError caused by it."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # (a chain is short; bounded anyway)
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _own_title_without_secrets() -> None:
     """Every user of the host sees a process's command line (ps): ours may hold a URL's
     password, or run mode's engine command with its keys. Show it redacted (setproctitle)."""
@@ -243,6 +256,9 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(logs.error_line(str(exc)), err=True)
         code = exc.exit_code
     except Exception as exc:  # a bug: one line and a code of its own, never "stalled" (1)
-        code = _internal_error(exc, sys.argv[1:] if argv is None else argv)
+        if _from_ctrl_c(exc):
+            code = _interrupted()
+        else:
+            code = _internal_error(exc, sys.argv[1:] if argv is None else argv)
     # Without standalone mode click returns the code a command exited with (ctx.exit(n)).
     sys.exit(code if isinstance(code, int) else 0)

@@ -102,3 +102,30 @@ def test_a_ctrl_c_before_the_loop_takes_the_command_ends_quietly() -> None:
         timeout=60,
     )
     assert (ran.returncode, ran.stderr.strip()) == (130, "")
+
+
+INTERRUPTED_IN_A_CLASS_BODY = """
+import asyncio
+from engine_watchdog.cli.main import main
+class Interrupting:
+    def __set_name__(self, owner, name):
+        raise KeyboardInterrupt  # a Ctrl-C while an import makes a class (a dataclass's fields)
+def interrupted(coroutine, **kw):
+    coroutine.close()
+    class Counters:
+        last = Interrupting()
+asyncio.run = interrupted
+main(["watch", "http://127.0.0.1:9"])
+"""
+
+
+def test_a_ctrl_c_python_wraps_in_another_error_is_still_a_ctrl_c() -> None:
+    """test_stopping's "starting" moment once got exit 70 ("internal error, RuntimeError: Error
+    calling __set_name__"): on 3.11 a KeyboardInterrupt in a class body comes out wrapped."""
+    ran = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IN_A_CLASS_BODY],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (ran.returncode, ran.stderr.strip()) == (130, "")
