@@ -11,7 +11,9 @@ waits on it, not on the engine).
 
 The read's callback, ``data_received``, is compiled where the package was built with a C
 compiler (guard/side.py, guard/_side.c): it then runs a stream's steady event without the
-interpreter, and everything else through :meth:`EngineSide._pass_on` here.
+interpreter, and everything else through :meth:`EngineSide._pass_on` here. A stream whose
+reads are steady then goes to the relay thread (guard/lanes.py) until one is not.
+guard/relay.py drives each request over this path, from its connection to its end.
 
 One connection per request is also what makes an abort exact: closing it is what vLLM takes as
 that request's client gone (``@with_cancellation``), whatever ids the clients sent.
@@ -20,20 +22,17 @@ that request's client gone (``@with_cancellation``), whatever ids the clients se
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import httptools
-from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
-from engine_watchdog.guard.exchange import Exchange, returned
+from engine_watchdog.guard.exchange import Exchange
 from engine_watchdog.guard.lanes import Lanes
 from engine_watchdog.guard.side import Side
 from engine_watchdog.guard.stats import GuardStats
-from engine_watchdog.net.connection import Upstream
 
 if TYPE_CHECKING:
     from engine_watchdog.guard._lane import Lane
@@ -50,23 +49,6 @@ class UpstreamError(Exception):
 
 class NotListening(UpstreamError):
     """Nothing accepts connections at the engine's address (a restart, a crash)."""
-
-
-def request_head(
-    method: str, target: str, host: str, headers: CIMultiDict[str], size: int
-) -> bytes:
-    """The request line and headers of a request with a body of ``size`` bytes; ``Connection:
-    close``: the connection is this request's alone (the engine closes it after the response,
-    so the guard's side keeps no TIME_WAIT socket per request).
-
-    Header text is what aiohttp's server parsed (undecodable bytes kept as surrogates), so it is
-    written back byte for byte; a CR or LF in it would split the request and is refused."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    lines += [f"Content-Length: {size}", "Connection: close"]
-    if any("\r" in line or "\n" in line for line in lines):
-        raise UpstreamError("a CR or LF in the request line or a request header")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
 
 class Client:
@@ -301,72 +283,3 @@ class EngineSide(Side, asyncio.Protocol):
         """Taking the stream back from the thread failed: this request ends, as a read
         callback's error ends its connection."""
         self._fail(UpstreamError(f"the guard failed relaying it: {exc!r}"))
-
-
-class Relay:
-    """The guard's path to one engine: every request, from its connection to its end."""
-
-    def __init__(
-        self, upstream: Upstream, stats: GuardStats, clock: Callable[[], float], timeout_s: float
-    ) -> None:
-        self.upstream = upstream
-        self.stats = stats
-        self.clock = clock
-        self.timeout_s = timeout_s
-        self.lanes: Lanes | None = None
-        """The steady relay (guard/lanes.py), once the guard has started it."""
-
-    async def pump(
-        self, request: web.Request, ex: Exchange, headers: CIMultiDict[str], body: bytes
-    ) -> web.StreamResponse:
-        """One request, from its connection to the engine to its response's end."""
-        up = await connect(self.upstream, request.method, self.timeout_s)
-        ex.upstream = up
-        try:
-            assert up.transport is not None and request.transport is not None
-            path = self.upstream.base_path + request.raw_path
-            head = request_head(request.method, path, self.upstream.authority, headers, len(body))
-            up.transport.write(head + body if len(body) < 65536 else head)
-            if len(body) >= 65536:
-                up.transport.write(body)
-            await up.head
-            resp = web.StreamResponse(status=up.status, reason=up.reason)
-            resp.headers.extend(returned(up.headers))
-            ex.sse = up.headers.get("Content-Type", "").startswith("text/event-stream")
-            if ex.sse or "Transfer-Encoding" in up.headers:
-                # chunked to the client: an error event can always follow what came
-                resp.headers.popall("Content-Length", None)
-            writer = await resp.prepare(request)
-            assert writer is not None
-            ex.response = resp
-            framed = bool(getattr(writer, "chunked", False))  # aiohttp chose chunks for it
-            stats = self.stats if ex.sse else None
-            client = Client(request.transport, ex, stats, framed, self.clock, self.lanes)
-            await up.relay(client, writer)
-            await resp.write_eof()
-            return resp
-        finally:
-            up.close()
-
-
-async def connect(upstream: Upstream, method: str, timeout_s: float) -> EngineSide:
-    loop = asyncio.get_running_loop()
-    host, tls = upstream.host, upstream.tls
-    try:
-        _, up = await asyncio.wait_for(
-            loop.create_connection(
-                lambda: EngineSide(method),
-                host,
-                upstream.port,
-                ssl=tls,
-                server_hostname=host if tls is not None else None,
-            ),
-            timeout_s,
-        )
-    except asyncio.TimeoutError as exc:  # (before OSError: on 3.11 it is one)
-        raise UpstreamError(f"no connection within {timeout_s:g} s") from exc
-    except ssl.SSLError as exc:  # (before OSError: it is one) the engine answers, TLS fails
-        raise UpstreamError(f"TLS with the engine failed: {exc}") from exc
-    except OSError as exc:
-        raise NotListening(str(exc)) from exc
-    return up

@@ -127,23 +127,7 @@ class Lanes:
         """Every stream's counts from the thread into the guard's (before they are read)."""
         for up, client in self.adopted.items():
             if up.lane is not None:
-                self.credit(up.lane.take(), client)
-
-    def credit(self, taken: tuple[int, float, tuple[int, ...], float], client: Client) -> None:
-        """What :meth:`GuardStats.note` would have counted for the thread's events."""
-        events, last_t, gaps, gap_total = taken
-        if not events:
-            return
-        ex, stats = client.ex, self.stats
-        ex.events += events
-        stats.events += events
-        ex.last_event_t = last_t
-        if stats.last_event_t is None or last_t > stats.last_event_t:
-            stats.last_event_t = last_t
-        counts = stats.gaps.counts
-        for i, n in enumerate(gaps):
-            counts[i] += n
-        stats.gaps.total += gap_total
+                self.stats.credit(client.ex, up.lane.take())
 
     def on_returned(self) -> None:
         """The streams the thread handed back: each to its own side."""
@@ -164,7 +148,7 @@ class Lanes:
         try:
             return lane.reclaim()  # (first: the thread counts nothing after it)
         finally:
-            self.credit(lane.take(), client)
+            self.stats.credit(client.ex, lane.take())
 
 
 def _plain_fd(transport: asyncio.BaseTransport) -> int:

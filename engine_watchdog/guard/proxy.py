@@ -34,8 +34,9 @@ from engine_watchdog.guard import side
 from engine_watchdog.guard.conns import Connections
 from engine_watchdog.guard.errors import Ending, json_error, sse_error
 from engine_watchdog.guard.exchange import QUIET_S, Exchange, forwarded
-from engine_watchdog.guard.fast import NotListening, Relay, UpstreamError
+from engine_watchdog.guard.fast import NotListening, UpstreamError
 from engine_watchdog.guard.lanes import Lanes
+from engine_watchdog.guard.relay import Relay
 from engine_watchdog.guard.stats import GuardStats
 from engine_watchdog.net.connection import Upstream
 

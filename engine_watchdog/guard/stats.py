@@ -117,6 +117,22 @@ class GuardStats:
         ex.events += n
         self.events += n
 
+    def credit(self, ex: Exchange, taken: tuple[int, float, tuple[int, ...], float]) -> None:
+        """What :meth:`note` would have counted for events the steady relay's thread passed
+        (guard/lanes.py): their number, the last one's time, their gap counts and sum."""
+        events, last_t, gaps, gap_total = taken
+        if not events:
+            return
+        ex.events += events
+        self.events += events
+        ex.last_event_t = last_t
+        if self.last_event_t is None or last_t > self.last_event_t:
+            self.last_event_t = last_t
+        counts = self.gaps.counts
+        for i, n in enumerate(gaps):
+            counts[i] += n
+        self.gaps.total += gap_total
+
 
 class GuardCollector(Collector):
     """The guard's series, built at scrape time."""
