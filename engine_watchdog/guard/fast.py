@@ -119,8 +119,9 @@ class EngineSide(Side, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._adopting = False
-        if self.lane is not None and (back := self._take_back_now()):
-            self.data_received(back)  # its last read, handed back: maybe the response's end
+        taken = self._take_back_now() if self.lane is not None else None
+        if taken is not None and taken[0] and not taken[1]:
+            self.data_received(taken[0])  # its last read, handed back: maybe the response's end
         framed = "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
         if exc is None and self.head.done() and not framed:
             self.done = True  # no length, no chunks: the body ended with the connection
@@ -246,38 +247,36 @@ class EngineSide(Side, asyncio.Protocol):
     def taken_back(self) -> None:
         """The thread handed the stream back: what it left is done here, in order."""
         client = self._client
-        assert client is not None and client.lanes is not None and self.transport is not None
+        assert client is not None and self.transport is not None
         self._returns += 1
         self._cool = min(2**self._returns, COOL_MAX)
-        try:
-            back, unsent = client.lanes.release(self)
-        except MemoryError:
+        taken = self._take_back_now()
+        if taken is None:
             self._fail(UpstreamError("the guard ran out of memory relaying it"))
             return
-        out = client.transport
-        if unsent and out.is_closing():
+        back, unsent = taken
+        if unsent and client.transport.is_closing():
             self._fail(ConnectionResetError("the client went away"))
             return
-        if unsent:
-            out.write(back)  # the rest of the thread's last write: before anything else
         self.transport.resume_reading()
-        if unsent and out.get_write_buffer_size() > client.high:
+        if unsent and client.transport.get_write_buffer_size() > client.high:
             self._hold()
         elif back and not unsent:
             self.data_received(back)  # the read the thread did not serve, as if just read
 
-    def _take_back_now(self) -> bytes:
-        """Before the client is written to or the engine's connection closed: the rest of the
-        thread's last write is written; the read it handed back, if any, is returned."""
+    def _take_back_now(self) -> tuple[bytes, bool] | None:
+        """The stream back from the thread, before the client is written to or the engine's
+        connection closed: the rest of the thread's last write is written first. What came
+        back with it (bytes, whether they were that rest); None where it was lost (memory)."""
         client = self._client
         assert client is not None and client.lanes is not None
         try:
             back, unsent = client.lanes.release(self)
         except MemoryError:
-            return b""
+            return None
         if unsent and not client.transport.is_closing():
-            client.transport.write(back)
-        return b"" if unsent else back
+            client.transport.write(back)  # before anything else
+        return back, unsent
 
     def broke(self, exc: Exception) -> None:
         """Taking the stream back from the thread failed: this request ends, as a read

@@ -99,17 +99,17 @@ class Lanes:
         self.pump.close()
         self.on_returned()
 
-    def adopt(self, up: Stream, client: Client) -> bool:
+    def adopt(self, up: Stream, client: Client) -> None:
         """Hand ``up``'s stream to the thread, if it can go now (module docstring)."""
         ex, engine, out = client.ex, up.transport, client.transport
         if engine is None or out.is_closing() or out.get_write_buffer_size():
-            return False
+            return
         if ex.scan.pending or ex.last_event_t is None or ex.waiting_since is None:
-            return False
+            return
         efd, cfd = _plain_fd(engine), _plain_fd(out)
         if efd < 0 or cfd < 0 or client.clock is not time.time:
             up.never_adopt()  # TLS, or a clock of its own: never on this stream
-            return False
+            return
         engine.pause_reading()  # the thread's alone from now on
         try:
             lane = self.pump.adopt(up, efd, cfd, ex.scan.key, client.framed, ex.last_event_t)
@@ -118,10 +118,9 @@ class Lanes:
         if lane is None:  # the thread has stopped, or could not take it
             engine.resume_reading()
             up.never_adopt()
-            return False
+            return
         up.lane = lane
         self.adopted[up] = client
-        return True
 
     def sync(self) -> None:
         """Every stream's counts from the thread into the guard's (before they are read)."""
