@@ -237,15 +237,28 @@ async def test_a_slow_reader_pauses_its_engine_connection() -> None:
         # paused once the client's socket and the guard's write buffer are full: 0.1-0.3 s
         # idle, 1.5 s was once not enough under CI's other load
         await until(lambda: len(guard.open) == 1 and paused(next(iter(guard.open.values()))), 6.0)
-        held = written[0]
+        # the engine's writes then stop once the sockets between it and the guard are full
+        held = await settled(lambda: written[0], quiet_s=1.0, timeout=8.0)
         grown_mb = (psutil.Process().memory_info().rss - rss) / 2**20
-        await asyncio.sleep(1.0)
-        assert written[0] == held < FIREHOSE / 2, (held, FIREHOSE)
+        assert held < FIREHOSE / 2, (held, FIREHOSE)
+        assert paused(next(iter(guard.open.values())))  # (still: the client has not read)
         raw = await reading
     assert grown_mb < 24, grown_mb
     events = dechunk(raw.split(b"\r\n\r\n", 1)[1]).split(b"\n\n")
     assert events[:-2] == [b"data: %05d" % n + b"x" * 65530 for n in range(FIREHOSE)]
     assert events[-2:] == [b"data: [DONE]", b""]
+
+
+async def settled(value: Callable[[], int], quiet_s: float, timeout: float) -> int:
+    """``value`` once it has not changed for ``quiet_s`` (within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    last, since = value(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, f"still changing after {timeout} s: {value()}"
+        await asyncio.sleep(0.05)
+        if value() != last:
+            last, since = value(), time.monotonic()
+    return last
 
 
 def paused(ex: Exchange) -> bool:
