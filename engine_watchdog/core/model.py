@@ -158,6 +158,9 @@ class ProcInfo:
     cpu_s: float
     ns_pid: int | None = None
     """The PID inside the process's own PID namespace when it differs (containers)."""
+    orphan: bool = False
+    """Found by its engine title outside the server's process tree (its parent gone): it may
+    be another engine's, so it is observed but never sampled or stopped as one of our ranks."""
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,9 @@ class NodeCapture:
 
 
 def rank_procs(procs: Sequence[ProcInfo]) -> list[ProcInfo]:
-    live = [p for p in procs if p.state != "gone"]
+    # An orphan found by its title may be another engine's (a stopped one, or one dying): as
+    # one of our ranks it hid the culprit, and a group restart stopped it.
+    live = [p for p in procs if p.state != "gone" and not p.orphan]
     ranks = [p for p in live if p.role in RANK_ROLES]
     return ranks or live
 

@@ -65,6 +65,8 @@ class Discovery:
     listening: frozenset[int] = frozenset()
     """PIDs holding the URL's listening socket (the API server)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    orphans: frozenset[int] = frozenset()
+    """Title-matched PIDs outside the server's tree (their parent gone), with descendants."""
 
 
 def url_port(url: str) -> int:
@@ -154,6 +156,7 @@ def select_pids(
     # Several API servers share one socket: keep the topmost holders as roots.
     roots = {p for p in listening if not set(_ancestors(p, procs)) & listening}
     members = _descendants(roots | _launched_with(roots, procs, children, profile), children)
+    tree, orphans = set(members), set()
     for p in procs.values():
         if p.pid in members or not title_of(p.cmdline).startswith(profile.process_titles):
             continue
@@ -161,6 +164,8 @@ def select_pids(
         # a title match with a live parent belongs to whichever engine that parent runs.
         if not listening or p.ppid <= 1 or p.ppid not in procs:
             members |= _descendants([p.pid], children)
+    if listening:
+        orphans = members - tree
     notes = () if listening or port is None else ("the socket table is not readable: used titles",)
     if hidden:  # the socket is there, its owner hidden: as a sidecar of another UID sees it
         engines = _engines_among(members, procs, profile)
@@ -170,7 +175,7 @@ def select_pids(
             )
         notes = (f"{_hidden(port)}: its engine found by title",)
     ordered = _ordered(members, procs, profile, frozenset(listening))
-    return Discovery(ordered, frozenset(listening), notes)
+    return Discovery(ordered, frozenset(listening), notes, frozenset(orphans))
 
 
 def _hidden(port: int | None) -> str:
@@ -231,6 +236,7 @@ def proc_info(
     profile: EngineProfile,
     listening: bool = False,
     proc_root: Path = Path("/proc"),
+    orphan: bool = False,
 ) -> ProcInfo:
     """ProcInfo for one PID; ``raw`` None means the process is gone."""
     if raw is None:
@@ -247,6 +253,7 @@ def proc_info(
         state=normalise_state(raw.status),
         cpu_s=raw.cpu_s,
         ns_pid=read_ns_pid(pid, proc_root),
+        orphan=orphan,
     )
 
 
@@ -282,7 +289,9 @@ def sample_procs(
     found, snapshot = discover(url, pids, profile=profile, table=table)
     wanted = list(found.pids) + [p for p in pids if p not in found.pids]
     infos = tuple(
-        proc_info(pid, snapshot.get(pid), profile, pid in found.listening, proc_root)
+        proc_info(
+            pid, snapshot.get(pid), profile, pid in found.listening, proc_root, pid in found.orphans
+        )
         for pid in wanted
     )
     return ProcsObs(t=clock(), procs=infos)

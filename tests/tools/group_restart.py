@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from engine_watchdog.capture.pyspy import read_state_letter
 from engine_watchdog.sim.launcher import free_port
 from tests.tools.cli import CONSOLE_SCRIPT
 from tests.waiting import eventually
@@ -44,6 +45,8 @@ class Outcome:
     times: dict[str, float] = field(default_factory=dict)
     leaked_procs: list[int] = field(default_factory=list)
     leaked_shm: list[str] = field(default_factory=list)
+    foreign: tuple[int, str | None] | None = None
+    """The foreign orphan's PID and its state letter after the restart (None: gone)."""
 
 
 def _node_cmd(rank: int, fault: str, hub: int, port: int) -> list[str]:
@@ -71,6 +74,16 @@ def _peer_args(ports: tuple[int, ...], own: int, secret: Path) -> list[str]:
             "--peer-secret-file", str(secret)]  # fmt: skip
 
 
+FOREIGN = (
+    "import os, signal, setproctitle\n"
+    "setproctitle.setproctitle('VLLM::Worker_TP1')\n"
+    "os.kill(os.getpid(), signal.SIGSTOP)\n"
+)
+"""Another engine's worker on the leader's host, hung: our engine's title and UID, its parent
+gone (reparented to init), stopped. A capture must not take it for one of our ranks, nor a
+group restart stop it."""
+
+
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -82,9 +95,16 @@ class Scenario:
     """Start everything under ``workdir``; :meth:`close` kills every process group started."""
 
     def __init__(
-        self, workdir: Path, fault: str, silent_peer: bool = False, deadline_s: float = 8.0
+        self,
+        workdir: Path,
+        fault: str,
+        silent_peer: bool = False,
+        deadline_s: float = 8.0,
+        foreign: bool = False,
     ) -> None:
         self.workdir, self.fault, self.deadline_s = workdir, fault, deadline_s
+        self.foreign = foreign
+        self.foreign_pid: int | None = None
         self.shm = workdir / "shm"
         self.shm.mkdir(parents=True)
         self.incidents = workdir / "incidents"
@@ -116,7 +136,18 @@ class Scenario:
         self.procs.append(proc)
         return proc
 
+    async def start_foreign(self) -> None:
+        """The shell exits at once, leaving its child to init; its group is killed at close."""
+        sh = await self._spawn(
+            "sh", "-c", f'"{sys.executable}" -c "$0" & echo $!', FOREIGN, log="foreign.out", node=0
+        )
+        await sh.wait()
+        pid = self.foreign_pid = int((self.workdir / "foreign.out").read_text().split()[0])
+        await eventually(lambda: read_state_letter(pid) == "T", 20, what="the orphan stopped")
+
     async def start(self) -> None:
+        if self.foreign:
+            await self.start_foreign()
         if self.silent_peer:  # accepts the connection, never answers (a hung sidecar)
             self.silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
             self.peer_ports += (int(self.silent.sockets[0].getsockname()[1]),)
@@ -187,10 +218,14 @@ class Scenario:
 
 
 async def run_scenario(
-    workdir: Path, fault: str, silent_peer: bool = False, deadline_s: float = 8.0
+    workdir: Path,
+    fault: str,
+    silent_peer: bool = False,
+    deadline_s: float = 8.0,
+    foreign: bool = False,
 ) -> Outcome:
     """The whole path for one fault; every process ended on the way out."""
-    sc = Scenario(workdir, fault, silent_peer, deadline_s)
+    sc = Scenario(workdir, fault, silent_peer, deadline_s, foreign)
     try:
         await sc.start()
         old = [int(r["pid"]) for r in await sc.old_ranks()]
@@ -211,7 +246,9 @@ async def run_scenario(
         leaked = [p.name for p in sc.shm.glob("*/nccl-*") if int(p.name.rpartition("-p")[2]) in old]
         group = json.loads(found[0].read_text())
         actions = [json.loads(x) for x in (sc.incidents / "actions.jsonl").read_text().splitlines()]
+        pid = sc.foreign_pid
+        left = None if pid is None else (pid, read_state_letter(pid))
         return Outcome(bundle, group, record, reports, old, actions, sc.peer_ports, times,
-                       procs, leaked)  # fmt: skip
+                       procs, leaked, left)  # fmt: skip
     finally:
         await sc.close()
