@@ -203,7 +203,7 @@ static PyObject *Lane_take(Lane *l, PyObject *unused) {
 }
 
 /* reclaim(): the stream is Python's again (waits for a read in progress); what was handed
- * back with it, as (bytes, unsent). */
+ * back with it, as (bytes, unsent, errno of a failed read or 0). */
 static PyObject *Lane_reclaim(Lane *l, PyObject *unused) {
     (void)unused;
     struct pump *p = &((Pump *)l->pump)->c;
@@ -211,7 +211,7 @@ static PyObject *Lane_reclaim(Lane *l, PyObject *unused) {
     pump_release(p, &l->c);
     char *back = l->c.back;
     size_t n = l->c.nback;
-    int unsent = l->c.unsent, broken = l->c.broken;
+    int unsent = l->c.unsent, broken = l->c.broken, err = l->c.err;
     l->c.back = NULL;
     l->c.nback = 0;
     pthread_mutex_unlock(&p->mu);
@@ -219,8 +219,8 @@ static PyObject *Lane_reclaim(Lane *l, PyObject *unused) {
         free(back);
         return PyErr_NoMemory();
     }
-    PyObject *out = Py_BuildValue("(y#O)", back != NULL ? back : "", (Py_ssize_t)n,
-                                  unsent ? Py_True : Py_False);
+    PyObject *out = Py_BuildValue("(y#Oi)", back != NULL ? back : "", (Py_ssize_t)n,
+                                  unsent ? Py_True : Py_False, err);
     free(back);
     return out;
 }

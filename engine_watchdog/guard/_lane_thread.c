@@ -169,7 +169,8 @@ static void serve(struct pump *p, struct lane *l) {
     ssize_t r = recv(l->efd, p->buf, READ_MAX, MSG_DONTWAIT);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return;
-    if (r <= 0) { /* the end, or an error: the event loop reads it again and sees it */
+    if (r <= 0) { /* the end, or an error (its errno kept: the loop's read sees only the end) */
+        l->err = r < 0 ? errno : 0;
         give_back(p, l, NULL, 0, 0);
         return;
     }

@@ -22,6 +22,7 @@ that request's client gone (``@with_cancellation``), whatever ids the clients se
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
@@ -104,6 +105,8 @@ class EngineSide(Side, asyncio.Protocol):
         self._adopting = True  # (read by guard/_side.c: offer the stream to the thread)
         self._cool = 0
         self._returns = 0
+        self._read_error: OSError | None = None
+        """Why the thread's last read of the engine failed (a reset): the loop sees the end."""
 
     # -- the engine connection's callbacks --------------------------------------------------
 
@@ -122,6 +125,7 @@ class EngineSide(Side, asyncio.Protocol):
         taken = self._take_back_now() if self.lane is not None else None
         if taken is not None and taken[0] and not taken[1]:
             self.data_received(taken[0])  # its last read, handed back: maybe the response's end
+        exc = exc or self._read_error
         framed = "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
         if exc is None and self.head.done() and not framed:
             self.done = True  # no length, no chunks: the body ended with the connection
@@ -271,9 +275,11 @@ class EngineSide(Side, asyncio.Protocol):
         client = self._client
         assert client is not None and client.lanes is not None
         try:
-            back, unsent = client.lanes.release(self)
+            back, unsent, err = client.lanes.release(self)
         except MemoryError:
             return None
+        if err:  # (OSError picks the subclass: ConnectionResetError for ECONNRESET)
+            self._read_error = OSError(err, os.strerror(err))
         if unsent and not client.transport.is_closing():
             client.transport.write(back)  # before anything else
         return back, unsent

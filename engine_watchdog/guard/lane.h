@@ -20,6 +20,7 @@ struct lane {
     int efd, cfd; /* the lane's own duplicates of the engine's and the client's sockets */
     uint32_t slot;
     int framed, broken, unsent;
+    int err; /* the errno of the read that failed: the event loop then reads only the end */
     char key[MAX_KEY];
     size_t klen, hint;
     double last_t;    /* when the stream's last token passed */

@@ -139,8 +139,9 @@ class Lanes:
             except Exception as exc:  # one stream's failure: its own end, never the others'
                 up.broke(exc)
 
-    def release(self, up: Stream) -> tuple[bytes, bool]:
-        """Take ``up``'s stream back now, with its counts; what came back with it."""
+    def release(self, up: Stream) -> tuple[bytes, bool, int]:
+        """Take ``up``'s stream back now, with its counts; what came back with it, and the
+        errno of the engine read that failed (0: none)."""
         lane, up.lane = up.lane, None
         client = self.adopted.pop(up)
         assert lane is not None

@@ -4,6 +4,7 @@ closes under it, which it never writes once that number belongs to another conne
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -99,7 +100,7 @@ def test_any_other_read_comes_back_untouched(pump: Any, pair: Pair, read: bytes)
     stream = adopt(pump, pair)
     pair.engine_peer.sendall(read)
     assert returned(pump) == [stream]
-    assert stream.reclaim() == (read, False)
+    assert stream.reclaim() == (read, False, 0)
     assert stream.take()[0] == 0
     pair.client_peer.setblocking(False)
     with pytest.raises(BlockingIOError):
@@ -110,7 +111,17 @@ def test_the_end_of_the_engine_connection_comes_back(pump: Any, pair: Pair) -> N
     stream = adopt(pump, pair)
     pair.engine_peer.shutdown(socket.SHUT_WR)
     assert returned(pump) == [stream]
-    assert stream.reclaim() == (b"", False)
+    assert stream.reclaim() == (b"", False, 0)
+
+
+def test_a_reset_engine_connection_comes_back_with_its_errno(pump: Any, pair: Pair) -> None:
+    """The thread's recv takes the error: the event loop then reads only the end, so the errno
+    comes back with the stream, for the guard's log (ConnectionResetError, as on the loop)."""
+    stream = adopt(pump, pair)
+    pair.engine.send(b"POST / HTTP/1.1\r\n")  # unread by the engine when it goes: a reset
+    pair.engine_peer.close()
+    assert returned(pump) == [stream]
+    assert stream.reclaim() == (b"", False, errno.ECONNRESET)
 
 
 def test_a_full_client_gets_the_rest_of_the_write_back_in_order(pump: Any, pair: Pair) -> None:
@@ -125,7 +136,7 @@ def test_a_full_client_gets_the_rest_of_the_write_back_in_order(pump: Any, pair:
         if ready:
             break
     assert returned(pump) == [stream]
-    rest, unsent = stream.reclaim()
+    rest, unsent, _ = stream.reclaim()
     assert unsent and rest
     got = b""
     pair.client_peer.setblocking(False)
@@ -159,7 +170,7 @@ def test_a_descriptor_the_loop_closes_is_never_written_under_its_next_owner(
     finally:
         new.close()
         new_peer.close()
-    assert stream.reclaim() == (b"", False)
+    assert stream.reclaim() == (b"", False, 0)
 
 
 def test_a_stopped_pump_hands_every_stream_back(pair: Pair) -> None:
@@ -170,7 +181,7 @@ def test_a_stopped_pump_hands_every_stream_back(pair: Pair) -> None:
     assert p.counts()[3] is False
     assert p.adopt(object(), pair.engine.fileno(), pair.client.fileno(), KEY, True, 1.0) is None
     pair.engine_peer.sendall(chunk(text(1)))  # nothing reads it now: the loop's again
-    assert stream.reclaim() == (b"", False)
+    assert stream.reclaim() == (b"", False, 0)
     assert pair.engine.recv(4096) == chunk(text(1))
 
 
