@@ -200,4 +200,6 @@ def _append(history: deque[_Obs], obs: _Obs) -> None:
 
 
 def _engine_procs(obs: ProcsObs) -> list[ProcInfo]:
-    return [p for p in obs.procs if p.role in ENGINE_ROLES]
+    # An orphan beside a known server may be another engine's: neither its stop nor its life
+    # is ours (probes/procs.py).
+    return [p for p in obs.procs if p.role in ENGINE_ROLES and not p.orphan]

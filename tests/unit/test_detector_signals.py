@@ -133,6 +133,23 @@ def test_cpu_pegged_engine_is_host_busy() -> None:
     assert first_stall(seen) == (34.0, "host-busy")
 
 
+def test_another_engines_orphan_is_neither_our_stop_nor_our_life() -> None:
+    """A title-matched orphan beside the server (probes/procs.py marks it): stopped, it did not
+    make our frozen engine's cause ``stopped``; alive, it did not keep our dead engine alive."""
+
+    def with_orphan(t: float, state: str, alive: bool = True) -> ProcsObs:
+        orphan = ProcInfo(400, 1, "engine-core", "VLLM::EngineCore", state, 1.0, orphan=True)
+        return ProcsObs(T0 + t, (*procs(t, alive=alive).procs, orphan))
+
+    _, seen = run(frozen_engine(60, every_second(60, lambda t: with_orphan(t, "stopped"))))
+    stall = first_stall(seen)
+    assert stall is not None and stall[1] != "stopped", stall
+    dies = {3: [with_orphan(3.5, "sleeping")], 6: [with_orphan(6.5, "sleeping", alive=False)]}
+    dies[7] = [with_orphan(7.5, "sleeping", alive=False)]
+    _, seen = run(frozen_engine(10, dies))
+    assert first_stall(seen) == (7.5, "engine-dead")
+
+
 def test_engine_core_gone_is_engine_dead() -> None:
     extra = {3: [procs(3.5)], 6: [procs(6.5, alive=False)], 7: [procs(7.5, alive=False)]}
     _, seen = run(frozen_engine(10, extra))
