@@ -38,10 +38,11 @@ ENGINE = HOLD + (
     "if kid == 0:\n"
     "    if os.fork() == 0:  # the worker: its parent exits, it is reparented\n"
     "        m = hold(sys.argv[1] + '/nccl-worker')\n"
-    "        print('worker', os.getpid(), flush=True)\n"
+    "        os.write(1, b'worker %d\\n' % os.getpid())\n"
     "        time.sleep(600)\n"
     "    os._exit(0)\n"
     "os.waitpid(kid, 0)\n"
+    "os.write(1, b'reaped %d\\n' % kid)\n"
     "time.sleep(600)\n"
 )
 OUTSIDER = HOLD + "m = hold(sys.argv[1] + '/nccl-outsider')\nprint('ready', flush=True)\n"
@@ -51,7 +52,7 @@ LAUNCHER = (
     "as_uid = lambda uid: ['setpriv', f'--reuid={uid}', f'--regid={uid}', '--clear-groups']\n"
     "engine = subprocess.Popen(as_uid(1000) + sys.argv[1:], stdout=sys.stdout)\n"
     "other = subprocess.Popen(as_uid(1001) + ['sleep', '600'])\n"
-    "print('engine', engine.pid, 'other', other.pid, flush=True)\n"
+    "os.write(1, b'engine %d other %d\\n' % (engine.pid, other.pid))\n"
     "while True:\n"
     "    try:\n"
     "        os.wait()\n"
@@ -126,7 +127,10 @@ async def test_only_the_engines_leftovers_are_ended(shm_dir: Path) -> None:
         started([PYTHON, "-c", LAUNCHER, *engine_argv]) as launcher,
         started([*outsider_argv, PYTHON, "-c", OUTSIDER, str(shm_dir)]) as outsider,
     ):
-        said = pairs(words(launcher) + words(launcher))  # either line may come first
+        # The lines in any order, each one write (print's pieces, unbuffered, interleaved). The
+        # engine's middle child reaped first: killed with it still a zombie, the engine left it
+        # to init, and the report named it (CI: init was slow to reap).
+        said = pairs(words(launcher) + words(launcher) + words(launcher))
         engine_pid, other_pid, worker_pid = said["engine"], said["other"], said["worker"]
         assert words(outsider) == ["ready"]
         procs = PsutilProcesses()
