@@ -12,6 +12,9 @@ have been silent far beyond what the engine does for the others (docs/guard.md):
 - other streams got events for at least half the threshold after its last one, and within the
   last half: when the whole wire is silent, the engine is the matter (the detector's verdict),
   not one request (a batch that froze together ends its streams microseconds apart);
+- and for half the threshold since the wire was last seen silent: after an engine-wide pause
+  longer than the threshold, the first stream relayed must not make the next one, a few
+  microseconds behind it in the same step, look stuck;
 - the engine preempted nothing since the stream's last event while requests wait: a preempted
   request waits to be recomputed, silent, as the others go on.
 
@@ -44,6 +47,8 @@ class RequestJudge:
         self._waiting = 0.0
         self._preempted_t: float | None = None
         self._preemptions: float | None = None
+        self._wire_quiet_t = -float("inf")
+        """When an observation last found the whole wire silent (for half the threshold)."""
 
     def on_scrape(self, obs: ScrapeObs) -> None:
         if obs.error is not None or not obs.engines:
@@ -60,6 +65,8 @@ class RequestJudge:
         quiet_ids = {q.request_id for q in obs.quiet}
         self._named &= quiet_ids  # a stream that spoke again, or ended, may be judged anew
         threshold = self.gaps.threshold(self.floor_s)
+        if obs.last_event_t is None or obs.t - obs.last_event_t > threshold / 2:
+            self._wire_quiet_t = obs.t
         found = []
         for stream in obs.quiet:
             if stream.request_id in self._named:
@@ -78,8 +85,9 @@ class RequestJudge:
         if silent < threshold:
             return None
         newest = obs.last_event_t
-        if newest is None or newest - s.last_event_t < threshold / 2:
-            return None  # the others stopped with it: the engine's matter, not this request's
+        moving_since = max(s.last_event_t, self._wire_quiet_t)
+        if newest is None or newest - moving_since < threshold / 2:
+            return None  # the others stopped with it (or just came back): the engine's matter
         if obs.t - newest > threshold / 2:
             return None  # nobody moves now
         if self._waiting > 0 and (self._preempted_t or -1.0) >= s.last_event_t:

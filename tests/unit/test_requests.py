@@ -79,6 +79,19 @@ def test_when_every_stream_stopped_together_it_is_the_engine_s_matter() -> None:
     assert judge.judge(obs(40.0, quiet("a", 3.0), newest=30.0)) == []
 
 
+def test_after_an_engine_wide_pause_the_next_stream_relayed_is_not_stuck() -> None:
+    """Every stream paused at 3.0 for 12 s (over the threshold); at 15.0 the first one is
+    relayed, the next a few microseconds behind it in the same step. A look between the two
+    named the second stuck. Still silent once the others moved half the threshold, it is."""
+    judge = RequestJudge(FLOOR)
+    for t in range(4, 15):  # the probe rounds of the pause: the whole wire silent
+        assert judge.judge(obs(float(t), quiet("b", 3.0), newest=3.0)) == []
+    assert judge.judge(obs(15.001, quiet("b", 3.0), newest=15.0)) == []
+    assert judge.judge(obs(18.0, quiet("b", 3.0))) == []
+    found = judge.judge(obs(19.5, quiet("b", 3.0)))
+    assert [f.request_id for f in found] == ["b"]
+
+
 def test_a_preempted_stream_waits_for_its_recompute() -> None:
     judge = RequestJudge(FLOOR)
 
