@@ -156,7 +156,7 @@ def select_pids(
     # Several API servers share one socket: keep the topmost holders as roots.
     roots = {p for p in listening if not set(_ancestors(p, procs)) & listening}
     members = _descendants(roots | _launched_with(roots, procs, children, profile), children)
-    tree, orphans = set(members), set()
+    tree = set(members)
     for p in procs.values():
         if p.pid in members or not title_of(p.cmdline).startswith(profile.process_titles):
             continue
@@ -164,8 +164,7 @@ def select_pids(
         # a title match with a live parent belongs to whichever engine that parent runs.
         if not listening or p.ppid <= 1 or p.ppid not in procs:
             members |= _descendants([p.pid], children)
-    if listening:
-        orphans = members - tree
+    orphans = frozenset(members - tree) if listening else frozenset()
     notes = () if listening or port is None else ("the socket table is not readable: used titles",)
     if hidden:  # the socket is there, its owner hidden: as a sidecar of another UID sees it
         engines = _engines_among(members, procs, profile)
@@ -175,7 +174,7 @@ def select_pids(
             )
         notes = (f"{_hidden(port)}: its engine found by title",)
     ordered = _ordered(members, procs, profile, frozenset(listening))
-    return Discovery(ordered, frozenset(listening), notes, frozenset(orphans))
+    return Discovery(ordered, frozenset(listening), notes, orphans)
 
 
 def _hidden(port: int | None) -> str:
