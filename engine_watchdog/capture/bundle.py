@@ -224,8 +224,11 @@ async def write_bundle(
     tools = dict(settings.tools) if settings.tools is not None else resolve_tools()
     tmp = await asyncio.to_thread(_make_tmp, settings.incident_dir, name)
     try:
+        # The steps act (py-spy attaches, a signal, a pipe written, a core dump ends the
+        # process): never on an orphan that may be another engine's. The records keep it.
+        ours = tuple(p for p in procs if not p.orphan)
         ctx = CaptureContext(
-            tmp, tuple(procs), settings.destructive, settings.capture.step_timeout_s, tools
+            tmp, ours, settings.destructive, settings.capture.step_timeout_s, tools
         )
         # Before the steps: a destructive step (the CUDA core dump) ends the engine, and with it
         # the command lines and environments the records and the log's masking read.

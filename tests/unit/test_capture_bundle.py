@@ -10,7 +10,7 @@ import os
 import stat
 import tarfile
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -169,6 +169,28 @@ async def test_a_destructive_bundle_ends_the_process_only_after_the_other_steps(
     )
     assert seen == ["stacks of a live process"]
     assert [r.name for r in res.steps] == ["py-spy", "cuda-coredump"]
+
+
+async def test_the_steps_never_act_on_an_orphan_that_may_be_another_engines(
+    tmp_path: Path,
+) -> None:
+    """An orphan beside the engine's server (probes/procs.py) is in the bundle's records, never
+    in what a step attaches to, signals or ends (the CUDA core dump ends its process)."""
+    orphan = replace(CORE, pid=4343, orphan=True)
+    given: list[tuple[int, ...]] = []
+
+    async def core_dump(ctx: CaptureContext) -> StepResult:
+        given.append(tuple(p.pid for p in ctx.procs))
+        return StepResult("cuda-coredump", "ok")
+
+    for pid in (CORE.pid, orphan.pid):
+        fake_proc(tmp_path / "proc", pid)
+    res = await write_bundle(
+        settings(tmp_path, destructive=True), VERDICT, [CORE, orphan], [], [core_dump]
+    )
+    assert given == [(CORE.pid,)]
+    records = json.loads((res.path / "processes.json").read_text())
+    assert {r["pid"] for r in records} == {CORE.pid, orphan.pid}
 
 
 async def test_stacks_are_taken_before_the_flight_recorder_wakes_the_engine(
