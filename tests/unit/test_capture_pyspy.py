@@ -35,6 +35,10 @@ GONE = "Error: Failed to get process executable name. Check that the process is 
 STACKS = (DATA / "pyspy_lock_native.json").read_text()
 
 
+NATIVE_S = 5.0
+"""A native dump's timeout where the fake must have started before it is killed."""
+
+
 def make_fake(tmp_path: Path, spec: dict[str, Any]) -> str:
     """A fake py-spy executable in its own folder, behaving as ``spec`` says."""
     folder = tmp_path / "fake"
@@ -93,10 +97,12 @@ async def test_native_ok_writes_json_and_text(tmp_path: Path) -> None:
 
 async def test_native_timeout_falls_back_to_plain_and_kills(tmp_path: Path) -> None:
     exe = make_fake(tmp_path, {"native": {"sleep": 60}, "plain": {"stdout": STACKS}})
-    opts = PySpyOptions(native_timeout_s=0.5)
+    # Long enough for the fake (two interpreters: the wrapper, then the fake) to start and log
+    # itself on a loaded machine: with 0.5 s, CI could kill it before.
+    opts = PySpyOptions(native_timeout_s=NATIVE_S)
     t0 = time.monotonic()
     res = await pyspy_step(opts, tmp_path / "proc")(ctx(tmp_path, exe, proc(4242)))
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < NATIVE_S + 10
     assert res.status == "ok" and "native timed out" in res.detail and "plain dump" in res.detail
     log = (Path(exe).parent / "calls.log").read_text().split()
     native_pid = int(log[1])
@@ -178,7 +184,8 @@ async def test_process_left_stopped_by_killed_dump_is_continued(
             "plain": {"stdout": STACKS},
         },
     )
-    res = await pyspy_step(PySpyOptions(native_timeout_s=1.0), tmp_path / "proc")(
+    # (CI killed the fake before it had stopped anything with 1 s: NATIVE_S, as above.)
+    res = await pyspy_step(PySpyOptions(native_timeout_s=NATIVE_S), tmp_path / "proc")(
         ctx(tmp_path, exe, proc(sleeper))
     )
     assert f"PID {sleeper} was left stopped by the killed dump: sent SIGCONT" in res.detail
