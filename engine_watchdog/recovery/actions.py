@@ -190,9 +190,7 @@ class EngineActions:
             )
         procs = await self.engine.find_procs()
         uid = self.recovery.engine_uid
-        owner = Owner(
-            os.getuid() if uid is None else uid, self.engine.profile.launcher_cmdline_markers
-        )
+        owner = Owner(os.getuid() if uid is None else uid)
         return await asyncio.to_thread(kill_engine_core, procs, stalled_since, owner)
 
     async def paused(self) -> bool:

@@ -42,29 +42,24 @@ def _same_process(p: ProcInfo, started_before: float) -> psutil.Process | None:
 
 @dataclass(frozen=True)
 class Owner:
-    """Whose processes a restart may kill: the engine's UID, and its process tree."""
+    """Whose processes a restart may kill: the engine's UID (its process tree is discovery's:
+    probes/procs.py marks the title-matched orphans beside it)."""
 
     uid: int
     """Only processes of this UID (the watchdog's own unless --engine-uid says otherwise)."""
-    launcher_markers: tuple[str, ...] = ()
-    """The profile's launcher command lines (TGI: shards are children of the launcher)."""
 
 
-def _not_ours(proc: psutil.Process, procs: Sequence[ProcInfo], owner: Owner) -> str | None:
+def _not_ours(p: ProcInfo, proc: psutil.Process, owner: Owner) -> str | None:
     """Why ``proc`` is not the watched engine's to kill, or None when it is."""
     try:
-        uid, parent = proc.uids().real, proc.parent()
-        parent_cmd = " ".join(parent.cmdline()) if parent is not None else ""
+        uid = proc.uids().real
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "gone"
     if uid != owner.uid:
         return f"UID {uid}, not {owner.uid}: pass --engine-uid {uid} if it is the engine's user"
-    found = {p.pid for p in procs}
-    if not any(p.role == "api-server" for p in procs) or (parent and parent.pid in found):
-        return None  # in the engine's tree (or no server known to hold a tree: --pid, titles)
-    if parent_cmd and any(m in parent_cmd for m in owner.launcher_markers):
-        return None  # started by the engine's own launcher, beside its server
-    return "an orphan outside the engine's process tree (another engine's?)"
+    if p.orphan:
+        return "an orphan outside the engine's process tree (another engine's?)"
+    return None
 
 
 def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float, owner: Owner) -> Outcome:
@@ -80,7 +75,7 @@ def kill_engine_core(procs: Sequence[ProcInfo], stalled_since: float, owner: Own
     killed, failed = [], []
     for p in cores:
         proc = _same_process(p, stalled_since)
-        why = "gone, or newer than the stall" if proc is None else _not_ours(proc, procs, owner)
+        why = "gone, or newer than the stall" if proc is None else _not_ours(p, proc, owner)
         if proc is None or why is not None:
             failed.append(f"{p.pid} ({why}: not killed)")
             continue
