@@ -54,6 +54,17 @@ async def read_all(url: str, request_id: str = "r-1") -> tuple[aiohttp.ClientRes
         return r, await r.read()
 
 
+async def read_until(url: str, text: bytes, heard: asyncio.Event) -> bytes:
+    """The whole body of a stream; ``heard`` set once its client has received ``text``."""
+    got = b""
+    async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json=BODY) as r:
+        async for piece in r.content.iter_any():
+            got += piece
+            if text in got:
+                heard.set()
+    return got
+
+
 EVENTS = [
     b'data: {"text":"1"}\n\n',
     b'data: {"text":"2"}\n',  # this event's blank line comes in the next chunk
@@ -200,10 +211,11 @@ async def test_an_ended_request_gets_the_error_event_then_done() -> None:
     assert guard.stats.outcomes["aborted-stuck"] == 1
     in_event = [SSE_HEAD, chunks(b"data: 1\n\ndata: par", b"tial")]
     async with raw_engine(in_event, "hold") as engine, guarded(engine.url) as (guard, url):
-        streams = [asyncio.create_task(read_all(url, f"s-{i}")) for i in range(2)]
-        await until(lambda: [ex.scan.pending[-4:] for ex in guard.open.values()] == [b"tial"] * 2)
+        heard = [asyncio.Event(), asyncio.Event()]
+        streams = [asyncio.create_task(read_until(url, b"tial", heard[i])) for i in range(2)]
+        await asyncio.wait_for(asyncio.gather(*(h.wait() for h in heard)), 10)
         assert guard.end_all("stalled") == 2
-        bodies = [body for _, body in await asyncio.gather(*streams)]
+        bodies = await asyncio.gather(*streams)
         await until(lambda: engine.closed_by_peer == 2)
     assert bodies == [b"data: 1\n\ndata: partial" + sse_error("stalled", complete=False)] * 2
     assert guard.stats.outcomes["answered-stall"] == 2
