@@ -158,8 +158,8 @@ def run(kind: str, fuzz_s: float, workers: int) -> bool:
         return False
     xdist = ["-n", str(workers)] if workers > 1 else ["-n", "0"]
     ran = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *xdist, "-k", LEFT_OUT[kind],
-         "--durations=15", *TESTS],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *xdist,
+         "-k", LEFT_OUT[kind], "--durations=15", *TESTS],
         cwd=REPO, env=env, timeout=900, check=False,
     )  # fmt: skip
     reports = sorted(out.glob("report.*"))
