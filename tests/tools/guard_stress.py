@@ -285,7 +285,7 @@ async def rounds(clients: int, seconds: float, seed0: int, report: bool) -> dict
     await guard.start("127.0.0.1", 0)
     url = f"http://127.0.0.1:{guard.port}"
     probing = asyncio.create_task(_probe_rounds(guard))
-    r, marks, seed, wave = Result(), [], seed0, 0
+    r, marks, seed, wave, reported = Result(), [], seed0, 0, 0
     deadline = time.monotonic() + seconds
     try:
         while wave < 2 or time.monotonic() < deadline:
@@ -300,6 +300,9 @@ async def rounds(clients: int, seconds: float, seed0: int, report: bool) -> dict
             gc.collect()
             marks.append((fds(), rss_mb()))
             if report:
+                for problem in r.problems[reported:]:
+                    print(f"[stress] problem: {problem}", flush=True)
+                reported = len(r.problems)
                 print(f"[stress] wave {wave}: {r.streams} streams, {r.bytes_compared} bytes, "
                       f"fds {marks[-1][0]}, rss {marks[-1][1]:.1f} MB, problems "
                       f"{len(r.problems)}", flush=True)  # fmt: skip
