@@ -63,7 +63,7 @@ test:
 	$(MAKE) --no-print-directory lint tools && \
 	$(PY) -m pytest -q -ra -n 3 --dist loadgroup; rc=$$?; \
 	if [ -n "$$sanitize" ]; then wait $$sanitize; src=$$?; sanitize=; \
-	grep -E '^sanitize (asan|tsan):' .cache/sanitize.log; \
+	grep -E '^sanitize (asan|tsan|refleak)' .cache/sanitize.log; \
 	[ $$src -eq 0 ] || { tail -n 60 .cache/sanitize.log; rc=1; }; fi; exit $$rc
 
 # The guard's C under ASan+UBSan and under TSan: the tests that reach it, a fuzz of the scan

@@ -19,7 +19,8 @@ leave, engines that reset, full clients, a SIGTERM mid-stream, descriptors run o
 build's memory and time (64 MiB through a paused reader), which a sanitizer's shadow memory and
 slowdown exceed by design; under TSan, so is the installed guard out of descriptors (LEFT_OUT).
 Before each run, a planted heap overflow and a planted data race (sanitize_canary.c) must be
-reported in the same setup: a clean run counts only if the sanitizer can see.
+reported in the same setup: a clean run counts only if the sanitizer can see. First of all,
+where Debian's debug interpreter is, a reference-leak run (tests/tools/refleak.py).
 """
 
 from __future__ import annotations
@@ -172,13 +173,50 @@ def run(kind: str, fuzz_s: float, workers: int) -> bool:
     return ok
 
 
+DEBUG_PYTHON = "python3.11d"
+"""Debian's debug interpreter (package python3.11-dbg; deploy/ensure-tools.sh installs it)."""
+
+
+def refleak() -> bool:
+    """The C built for the debug interpreter, then tests/tools/refleak.py under it: no
+    reference or block gained per round of every entry point. Where there is no debug
+    interpreter, says so and passes (the sanitizers' runs stand alone)."""
+    python = shutil.which(DEBUG_PYTHON)
+    if python is None:
+        print(f"sanitize refleak: not run ({DEBUG_PYTHON} missing: apt-get install python3.11-dbg)")
+        return True
+    out = REPO / "build" / "sanitize" / "refleak"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    includes = subprocess.run(
+        [f"{python}-config", "--includes"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    suffix = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    subprocess.run(
+        [compiler(), "-shared", "-fPIC", "-O0", "-g", *WARNINGS, *includes, f"-I{GUARD}",
+         f"-I{GUARD / 'vendor' / 'llhttp' / 'include'}", *map(str, SOURCES),
+         "-o", str(out / f"_relay{suffix}"), "-lpthread"],
+        check=True, timeout=300,
+    )  # fmt: skip
+    ran = subprocess.run(
+        [python, str(Path(__file__).with_name("refleak.py")), str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    said = (ran.stdout + ran.stderr).strip().splitlines()
+    print(f"sanitize {said[-1] if said else 'refleak: no output'}", flush=True)
+    return ran.returncode == 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="The guard's C under sanitizers.")
     parser.add_argument("kinds", nargs="*", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--fuzz-seconds", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
-    results = [run(kind, args.fuzz_seconds, args.workers) for kind in args.kinds]
+    results = [refleak(), *(run(kind, args.fuzz_seconds, args.workers) for kind in args.kinds)]
     sys.exit(0 if all(results) else 1)
 
 
