@@ -185,6 +185,7 @@ async def steps(rig: Rig, deadline: float) -> None:
             continue
         if step.kind == "freeze" and "guard" not in rig.names:
             continue
+        started = time.monotonic()
         try:
             await one_step(rig, step)
         except Exception as exc:  # one step's failure (a proxy that did not start): the rest runs
@@ -192,6 +193,8 @@ async def steps(rig: Rig, deadline: float) -> None:
             print(f"failed {text}: {exc!r}", flush=True)
         finally:
             rig.proxies.clear()
+        took = time.monotonic() - started
+        print(f"step {text}: {took:.0f} s (estimated {step.seconds(rig):.0f})", flush=True)
         rig.report.rounds = scale_report.read_rounds(rig.args.out / "guard-rounds.txt")
         rig.report.write(rig.args.out)
 
