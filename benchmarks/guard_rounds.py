@@ -26,8 +26,15 @@ _last: list[Any] = [0.0, 0, 0]
 """The round's snapshot: its ms, open and quiet streams (read by the judge's wrapper)."""
 
 
-def install(out: Any) -> None:
-    guard, judge = probing.Prober._guard, judging.Judge.judge
+def install(out: Any) -> bool:
+    """The two wrapped; False (and the guard runs untimed) where either is gone."""
+    guard = getattr(probing.Prober, "_guard", None)
+    judge = getattr(judging.Judge, "judge", None)
+    if guard is None or judge is None:
+        print(
+            "guard_rounds: Prober._guard or Judge.judge is gone: rounds not timed", file=sys.stderr
+        )
+        return False
 
     async def timed_guard(self: probing.Prober, wire: probing.WireSource) -> Any:
         t0 = time.perf_counter()
@@ -47,6 +54,7 @@ def install(out: Any) -> None:
 
     probing.Prober._guard = timed_guard  # type: ignore[method-assign]
     judging.Judge.judge = timed_judge  # type: ignore[method-assign]
+    return True
 
 
 if __name__ == "__main__":

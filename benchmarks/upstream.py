@@ -119,7 +119,7 @@ async def running(
     stopped, with its whole process group, on the way out."""
     port = free_port()
     argv = [str(built()), str(port), str(procs), f"{rate:g}", str(stream_tokens), MODEL]
-    if cpus:
+    if cpus and shutil.which("taskset"):
         argv = ["taskset", "-c", cpus, *argv]
     proc = await asyncio.create_subprocess_exec(*argv, start_new_session=True)
     try:
