@@ -1,8 +1,8 @@
 """Streaming clients that keep up at thousands of streams (benchmarks/scale.py): raw protocols on
-uvloop, llhttp (httptools) for the HTTP, spread over processes. aiohttp's client costs tens of
-microseconds per event; this one a few, so that 4,096 streams at 50 events/s leave the
-clients far from busy (their CPU per event and their busiest process's share of a core are in
-every row).
+uvloop, llhttp (httptools) for the HTTP, spread over processes: 6-13 µs of CPU per event on
+the 2-core machine (docs/performance.md), so that 4,096 streams at 50 events/s take a few
+client processes a fraction of a core each (their CPU per event and their busiest process's
+share of a core are in every row).
 
 Each client sends one streaming request after the other on one keep-alive connection (half of
 them /v1/chat/completions), until the phase's window ends. Every event carries its send time
