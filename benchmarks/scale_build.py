@@ -60,9 +60,11 @@ def main() -> int:
     out = None if args.inplace else args.out
     for m in modules():
         sources = [str(ROOT / s) for s in m["sources"]]  # type: ignore[attr-defined]
+        dirs = [f"-I{ROOT / d}" for d in m.get("include-dirs", [])]  # type: ignore[attr-defined]
+        extra = [str(f) for f in m.get("extra-compile-args", [])]  # type: ignore[attr-defined]
         built = target(str(m["name"]), out)
         built.parent.mkdir(parents=True, exist_ok=True)
-        command = ["gcc", *FLAGS, f"-I{include}", *sources, "-o", str(built)]
+        command = ["gcc", *FLAGS, *extra, f"-I{include}", *dirs, *sources, "-o", str(built)]
         subprocess.run(command, check=True, timeout=300)  # noqa: S603 (gcc, our sources)
         print(f"built {built.relative_to(ROOT) if built.is_relative_to(ROOT) else built}")
     if out is not None:
