@@ -1,5 +1,6 @@
 /* The guard's per-event rules (sse.h says what they are). No Python header: the relay thread
  * runs this without the GIL. */
+#define _GNU_SOURCE /* memmem */
 #include "sse.h"
 
 #include <string.h>
@@ -66,7 +67,28 @@ static void token_step(struct sse *s, unsigned char c) {
     s->after = after;
 }
 
+/* The two keys vLLM writes (completions, chat), compact: where one is in the bytes before a
+ * string that is not empty, the pattern matches there, whatever the NFA's state; only where
+ * neither is does the NFA read the bytes. */
+static int common_token(const unsigned char *p, const unsigned char *end) {
+    static const char *const COMMON[] = {"\"text\":\"", "\"content\":\""};
+    for (unsigned k = 0; k < 2; k++) {
+        size_t len = strlen(COMMON[k]);
+        const unsigned char *at = p;
+        while ((at = memmem(at, (size_t)(end - at), COMMON[k], len)) != NULL) {
+            if (at + len < end && at[len] != '"')
+                return 1;
+            at += len;
+        }
+    }
+    return 0;
+}
+
 static void token_data(struct sse *s, const unsigned char *p, const unsigned char *end) {
+    if (common_token(p, end)) {
+        s->carries = 1;
+        return;
+    }
     for (; p < end && !s->carries; p++) {
         if (s->after == 0 && s->keylen == KEY_NONE) { /* nothing open: only a quote matters */
             p = memchr(p, '"', (size_t)(end - p));
@@ -166,9 +188,10 @@ long long sse_scan(struct sse *s, const char *buf, size_t n) {
                 continue;
             }
         }
-        const unsigned char *eol = p;
-        while (eol < end && *eol != '\n' && *eol != '\r')
-            eol++;
+        const unsigned char *lf = memchr(p, '\n', (size_t)(end - p));
+        const unsigned char *eol = memchr(p, '\r', (size_t)((lf != NULL ? lf : end) - p));
+        if (eol == NULL)
+            eol = lf != NULL ? lf : end;
         line_bytes(s, p, eol);
         if (eol == end)
             break;
