@@ -290,7 +290,8 @@ async def rounds(clients: int, seconds: float, seed0: int, report: bool) -> dict
     try:
         while wave < 2 or time.monotonic() < deadline:
             connector = aiohttp.TCPConnector(limit=0)  # keep-alive: connections reused
-            async with aiohttp.ClientSession(connector=connector) as session:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=BOUND_S)  # (the bound's)
+            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
                 await asyncio.gather(
                     *(client(session, url, seed + i, guard, engine, r) for i in range(clients))
                 )
