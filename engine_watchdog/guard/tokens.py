@@ -39,6 +39,8 @@ KEYS = (
 """The generated-content keys (guard/sse.c KEYS: the same, in the same order)."""
 TOKEN = re.compile(rb'"(?:' + b"|".join(KEYS) + rb')"[ \t\n\r\f\v]*:[ \t\n\r\f\v]*"[^"]')
 """A generated-content key with a non-empty string value."""
+COMMON = (b'"text":"', b'"content":"')
+"""vLLM's two keys, compact: looked for first (guard/sse.c ``common_token``)."""
 SPACE = re.compile(rb"[ \t\n\r\f\v]+")
 TAIL = len(b'"" : "x') + max(map(len, KEYS)) - 1
 """The longest match (``"key" : "x``, whitespace runs cut to one byte), less one byte."""
@@ -70,6 +72,20 @@ class PyScan:
 
     def scan(self, buf: bytes) -> int:
         """The events that ``buf`` dispatches which carry a token."""
+        if (
+            self.line == START
+            and not self.fields
+            and not self.cr
+            and self.bom == 3
+            and buf.startswith(b"data:")
+            and buf.find(b"\n") == len(buf) - 2
+            and buf.endswith(b"\n\n")
+            and b"\r" not in buf
+        ):  # one whole ``data:`` event alone in the read, at an event's boundary: the usual
+            value = buf[6:-2] if buf[5:6] == b" " else buf[5:-2]
+            self._token(value)
+            carried, self.carries, self.tail = self.carries, False, b""
+            return int(carried)
         at, n, count = 0, len(buf), 0
         if self.bom < 3:
             at = self._start(buf)
@@ -164,6 +180,14 @@ class PyScan:
         return dispatched
 
     def _token(self, part: bytes) -> None:
+        for key in COMMON:  # (guard/sse.c common_token: a match inside the part is a match)
+            at = part.find(key)
+            while at >= 0:
+                after = at + len(key)
+                if after < len(part) and part[after] != 34:  # not '"': a non-empty string
+                    self.carries, self.tail = True, b""
+                    return
+                at = part.find(key, after)
         text = SPACE.sub(b" ", self.tail + part)
         if TOKEN.search(text):
             self.carries, self.tail = True, b""
