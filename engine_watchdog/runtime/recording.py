@@ -35,7 +35,7 @@ DIRECTORIES = "<dir>/"
 
 
 def portable_title(title: str) -> str:
-    """``/home/me/venv/bin/python -m x --model /d/m`` -> ``<dir>/python -m x --model <dir>/m``."""
+    """``/srv/venv/bin/python -m x --model /d/m`` -> ``<dir>/python -m x --model <dir>/m``."""
     return _DIRECTORIES.sub(DIRECTORIES, title)
 
 

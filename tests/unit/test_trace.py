@@ -161,7 +161,7 @@ def test_writer_and_reader_agree_on_a_file(tmp_path: Path) -> None:
     ("title", "written"),
     [
         (
-            "/home/me/src/.venv/bin/python -m vllm.entrypoints.openai.api_server "
+            "/srv/app/.venv/bin/python -m vllm.entrypoints.openai.api_server "
             "--model /data/models/Llama-3.1-8B --port 8000",
             "<dir>/python -m vllm.entrypoints.openai.api_server --model <dir>/Llama-3.1-8B "
             "--port 8000",
