@@ -4,6 +4,7 @@ Every e2e test must land in one worker; the rest may go anywhere."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -28,10 +29,12 @@ def test_every_e2e_test_runs_in_one_worker(tmp_path: Path) -> None:
     for name in ("a", "b", "c"):
         (e2e / f"test_{name}.py").write_text(E2E_MODULE)
     (tmp_path / "tests" / "test_other.py").write_text(E2E_MODULE.replace("0.3", "0.2"))
+    # xdist alone: each of the 3 workers would load every installed plugin (seconds apiece).
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     ran = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "3",
+        [sys.executable, "-m", "pytest", "-p", "xdist", "-p", "no:cacheprovider", "-n", "3",
          "--dist", "loadgroup", "-v"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False, env=env,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout + ran.stderr
     placed = re.findall(r"\[(gw\d)\] \[[ \d]+%\] PASSED (tests/\S+)", ran.stdout)
