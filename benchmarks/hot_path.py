@@ -59,6 +59,7 @@ class Sink:
 async def per_event_us(event: bytes, events: int, runs: int) -> float:
     from engine_watchdog.guard.exchange import Exchange
     from engine_watchdog.guard.fast import Client, EngineSide
+    from engine_watchdog.guard.scan import new_progress
     from engine_watchdog.guard.stats import GuardStats
 
     chunk = b"%x\r\n%b\r\n" % (len(event), event)
@@ -68,7 +69,7 @@ async def per_event_us(event: bytes, events: int, runs: int) -> float:
         up: Any = EngineSide("POST")
         up.connection_made(Sink())
         up.data_received(HEAD)
-        ex = Exchange("bench", "", time.time())
+        ex = Exchange("bench", "", time.time(), new_progress(stats.gaps))
         ex.sse = True
         up._client = Client(Sink(), ex, stats, True, time.time)  # type: ignore[arg-type]
         up._ready.clear()

@@ -1,8 +1,9 @@
 """The proxies users would put where the guard goes: Debian's nginx-light and HAProxy, installed
 if missing and configured here in a temporary directory (benchmarks/guard.py --peers).
 
-nginx: one worker, ``proxy_buffering off`` (each chunk passed as it comes), HTTP/1.1 to the
-engine with a keepalive pool. HAProxy: one thread (the guard is one thread too), HTTP mode, its
+nginx: one worker (``workers``: more), ``proxy_buffering off`` (each chunk passed as it comes),
+HTTP/1.1 to the engine with a keepalive pool. HAProxy: one thread (the guard's event loop is one
+too; ``workers``: more), HTTP mode, its
 default keep-alive to the server. Both with timeouts far beyond a benchmark phase, so that no
 timer of theirs shapes the figures (benchmarks/timers.py measures the timers themselves).
 """
@@ -49,14 +50,17 @@ def ensure_installed(names: tuple[str, ...] = NAMES, timeout: float = 300) -> No
         raise Missing(f"`{' '.join(command)}` failed (exit {done.returncode})")
 
 
-def nginx_conf(upstream_port: int, port: int, home: Path, read_timeout: str = "3600s") -> str:
+def nginx_conf(
+    upstream_port: int, port: int, home: Path, read_timeout: str = "3600s", workers: int = 1
+) -> str:
     temp = " ".join(f"{k}_temp_path {home / k};" for k in ("client_body", "proxy"))
     return f"""daemon off;
 master_process on;
-worker_processes 1;
+worker_processes {workers};
+worker_rlimit_nofile 65536;
 pid {home / "nginx.pid"};
 error_log {home / "error.log"} warn;
-events {{ worker_connections 8192; }}
+events {{ worker_connections 20000; }}
 http {{
   access_log off;
   {temp}
@@ -79,10 +83,10 @@ http {{
 """
 
 
-def haproxy_conf(upstream_port: int, port: int) -> str:
+def haproxy_conf(upstream_port: int, port: int, workers: int = 1) -> str:
     return f"""global
   maxconn 8000
-  nbthread 1
+  nbthread {workers}
 defaults
   mode http
   option http-no-delay
@@ -97,25 +101,37 @@ backend engine
 """
 
 
-def argv(name: str, upstream_port: int, port: int, read_timeout: str = "3600s") -> list[str]:
-    """The command that runs the peer in the foreground (a fresh temporary directory each)."""
+def argv(
+    name: str, upstream_port: int, port: int, read_timeout: str = "3600s", workers: int = 1
+) -> list[str]:
+    """The command that runs the peer in the foreground (a fresh temporary directory each);
+    ``workers``: nginx's worker processes, HAProxy's threads."""
     home = Path(tempfile.mkdtemp(prefix=f"ew-{name}-"))
     conf = home / f"{name}.conf"
     if name == "nginx":
-        conf.write_text(nginx_conf(upstream_port, port, home, read_timeout))
+        conf.write_text(nginx_conf(upstream_port, port, home, read_timeout, workers))
         return [binary("nginx") or "nginx", "-p", str(home), "-c", str(conf)]
-    conf.write_text(haproxy_conf(upstream_port, port))
+    conf.write_text(haproxy_conf(upstream_port, port, workers))
     return [binary("haproxy") or "haproxy", "-db", "-f", str(conf)]
 
 
 class Tree:
     """A proxy's whole process tree (nginx: master and worker) as one process: CPU and RSS
-    summed, in the shape benchmarks/guard.py reads from a psutil.Process."""
+    summed, in the shape benchmarks/guard.py reads from a psutil.Process. ``pin()``: the
+    members from then on are the ones found then (a tree that forks once, at start: a member
+    missed by one listing would make a difference of two readings negative)."""
 
     def __init__(self, pid: int) -> None:
         self.root = psutil.Process(pid)
+        self.pinned: list[psutil.Process] | None = None
+
+    def pin(self) -> Tree:
+        self.pinned = self.members()
+        return self
 
     def members(self) -> list[psutil.Process]:
+        if self.pinned is not None:
+            return self.pinned
         try:
             return [self.root, *self.root.children(recursive=True)]
         except psutil.NoSuchProcess:

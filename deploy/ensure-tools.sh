@@ -5,6 +5,8 @@
 #   podman, runc          <- packages podman, runc (tests/deploy/test_image_podman.py builds and
 #                            runs deploy/Dockerfile; runc because crun fails on some hosts' cgroups)
 #   debootstrap           <- package debootstrap (the stand-in base image: no registry here)
+#   python3.11d           <- packages python3.11-dbg, libpython3.11-dev (make sanitize's
+#                            reference-leak run of the guard's C on a debug interpreter)
 # Idempotent (a no-op in well under a second when everything is there), quiet on success,
 # bounded (every apt-get runs under `timeout`); the packages' services are not started.
 # kubectl is checked, not installed: Debian has no package for it.
@@ -18,6 +20,7 @@ need=()
 have podman || need+=(podman)
 have runc || need+=(runc)
 have debootstrap || need+=(debootstrap)
+{ have python3.11d && [ -e /usr/include/python3.11/Python.h ]; } || need+=(python3.11-dbg libpython3.11-dev)
 
 if ((${#need[@]})); then
     sudo=()
@@ -47,7 +50,7 @@ if ((${#need[@]})); then
     done
     have alertmanager || have prometheus-alertmanager ||
         { echo "ensure-tools: alertmanager still missing after apt-get install" >&2; exit 1; }
-    for t in podman runc debootstrap; do
+    for t in podman runc debootstrap python3.11d; do
         have "$t" || { echo "ensure-tools: $t still missing after apt-get install" >&2; exit 1; }
     done
 fi

@@ -45,6 +45,10 @@ class GuardSettings:
     max_idle_connections: int = 4096
     """At most this many client connections open with no request under way; past it the
     longest idle one is closed."""
+    held_limit_s: float = 21.0
+    """The guard's self-check (guard/held.py): a request it holds must move, or be ended,
+    within this (the per-request threshold, --request-stall-seconds, plus one probe round:
+    runtime/assembly.py sets it from those)."""
 
 
 @dataclass(frozen=True)

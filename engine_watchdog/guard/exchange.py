@@ -9,7 +9,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from engine_watchdog.guard.errors import Ending
-from engine_watchdog.guard.tokens import Scan
+from engine_watchdog.guard.scan import Progress
 
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer"}
@@ -33,6 +33,7 @@ class Exchange:
 
     __slots__ = (
         "detail",
+        "ended_t",
         "ending",
         "engine_id",
         "events",
@@ -40,16 +41,18 @@ class Exchange:
         "key",
         "label",
         "last_event_t",
+        "moved_t",
+        "progress",
         "pump",
         "response",
-        "scan",
+        "self_checked",
         "sse",
         "started_t",
         "upstream",
         "waiting_since",
     )
 
-    def __init__(self, key: str, label: str, started_t: float) -> None:
+    def __init__(self, key: str, label: str, started_t: float, progress: Progress) -> None:
         self.key = key
         """The guard's own id of this request: what the judge names and the supervisor ends."""
         self.label = label
@@ -61,11 +64,17 @@ class Exchange:
         self.last_event_t: float | None = None
         self.waiting_since: float | None = started_t
         self.events = 0
-        """Events that carried generated content (guard/tokens.py)."""
+        """Events that carried generated content (guard/scan.py)."""
         self.sse = False
-        self.scan = Scan()
-        """The stream's token scan (guard/tokens.py), with its unfinished event."""
+        self.progress = progress
+        """The stream's event-stream reader and token rule (guard/scan.py)."""
         self.ending: Ending | None = None
+        self.ended_t: float | None = None
+        """When the guard was ordered to end it."""
+        self.moved_t = started_t
+        """When a read of its response last reached its client, or its client drained."""
+        self.self_checked = False
+        """The guard's self-check found it breaking the promise (guard/held.py): said once."""
         self.detail = ""
         self.pump: asyncio.Task[web.StreamResponse] | None = None
         self.response: web.StreamResponse | None = None

@@ -9,11 +9,11 @@ body ends, and wakes only when the client's buffer is full: the engine's socket 
 until the client's drains (back-pressure: a slow reader slows its own stream, and the guard
 waits on it, not on the engine).
 
-The read's callback, ``data_received``, is compiled where the package was built with a C
-compiler (guard/side.py, guard/_side.c): it then runs a stream's steady event without the
-interpreter, and everything else through :meth:`EngineSide._pass_on` here. A stream whose
-reads are steady then goes to the relay thread (guard/lanes.py) until one is not.
-guard/relay.py drives each request over this path, from its connection to its end.
+Each read's tokens are counted by the stream's Progress (guard/scan.py: compiled where a C
+compiler built it). A chunked stream whose read left the parser between two chunks (llhttp's
+``on_chunk_complete`` came last, and the read ended with it) goes to the relay thread
+(guard/lanes.py) until a read is not whole chunks. guard/relay.py drives each request over
+this path, from its connection to its end.
 
 One connection per request is also what makes an abort exact: closing it is what vLLM takes as
 that request's client gone (``@with_cancellation``), whatever ids the clients sent.
@@ -31,15 +31,15 @@ from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from engine_watchdog.guard.exchange import Exchange
+from engine_watchdog.guard.held import Held, pending
 from engine_watchdog.guard.lanes import Lanes
-from engine_watchdog.guard.side import Side
 from engine_watchdog.guard.stats import GuardStats
 
 if TYPE_CHECKING:
-    from engine_watchdog.guard._lane import Lane
+    from engine_watchdog.guard._relay import Lane
 
 COOL_MAX = 64
-"""The most steady events a stream the relay thread handed back waits before it goes again."""
+"""The most reads a stream the relay thread handed back waits before it goes again."""
 NO_BODY_STATUS = frozenset({204, 304})
 """RFC 9112 6.3: these responses (and every 1xx) have no body, whatever their headers say."""
 
@@ -52,9 +52,13 @@ class NotListening(UpstreamError):
     """Nothing accepts connections at the engine's address (a restart, a crash)."""
 
 
+class OutOfDescriptors(UpstreamError):
+    """The guard has no file descriptor left for a connection to the engine (its own limit)."""
+
+
 class Client:
     """Where a relayed body goes: the client's connection and its request's progress (plain
-    data: :meth:`EngineSide._pass_on` and guard/_side.c read it)."""
+    data: :meth:`EngineSide._pass_on` reads it)."""
 
     __slots__ = ("clock", "ex", "framed", "high", "lanes", "stats", "transport")
 
@@ -75,19 +79,18 @@ class Client:
         self.clock = clock
         self.high = transport.get_write_buffer_limits()[1]
         self.lanes = lanes
-        """The steady relay its stream may be handed to (guard/lanes.py); None: never."""
+        """The relay thread its stream may be handed to (guard/lanes.py); None: never."""
 
 
-class EngineSide(Side, asyncio.Protocol):
+class EngineSide(asyncio.Protocol):
     """One request's connection to the engine: httptools reads the response head, then the
     body pieces of each read are passed on together at its end (:meth:`relay`): one note and
-    one write per read of the engine's socket, however many chunks it held. ``data_received``
-    is guard/side.py's."""
+    one write per read of the engine's socket, however many chunks it held."""
 
     def __init__(self, method: str) -> None:
         self.method = method
         self.transport: asyncio.Transport | None = None
-        self._ready = []
+        self._ready: list[bytes] = []
         self.on_body = self._ready.append  # (a C call from llhttp's callback: no Python frame)
         self.parser = httptools.HttpResponseParser(self)
         self._feed = self.parser.feed_data
@@ -101,14 +104,31 @@ class EngineSide(Side, asyncio.Protocol):
         self._client_full = False
         self._wake: asyncio.Future[None] | None = None
         self.lane: Lane | None = None
-        """Set while the stream's steady reads are the relay thread's (guard/lanes.py)."""
-        self._adopting = True  # (read by guard/_side.c: offer the stream to the thread)
+        """Set while the stream's reads are the relay thread's (guard/lanes.py)."""
+        self._adopting = True
+        """Offer the stream to the thread after a read that ends between chunks."""
+        self._between = False
+        """The parser is between two chunks: llhttp's on_chunk_complete came after the last
+        on_chunk_header."""
         self._cool = 0
         self._returns = 0
         self._read_error: OSError | None = None
         """Why the thread's last read of the engine failed (a reset): the loop sees the end."""
 
     # -- the engine connection's callbacks --------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._feed(data)
+        except (httptools.HttpParserUpgrade, httptools.HttpParserError) as exc:
+            self._parse_failed(exc)
+            return
+        if self._ready and self._client is not None and self.failure is None:
+            self._pass_on()
+            # Between chunks, and nothing of the next one read: its size line would have ended
+            # in CRLF and called on_chunk_header (guard/relay_thread.c at_boundary, the same).
+            if self._between and self._adopting and data[-2:] == b"\r\n":
+                self._adopt()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (not an isinstance check: uvloop's transports have the methods, not the base class)
@@ -139,6 +159,12 @@ class EngineSide(Side, asyncio.Protocol):
     def on_status(self, reason: bytes) -> None:
         self.reason = reason.decode("latin-1")
 
+    def on_chunk_header(self) -> None:
+        self._between = False
+
+    def on_chunk_complete(self) -> None:
+        self._between = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.add(name.decode("latin-1"), value.decode("latin-1"))
 
@@ -154,9 +180,8 @@ class EngineSide(Side, asyncio.Protocol):
         self.head.set_result(None)
 
     def _pass_on(self) -> None:
-        """The pieces ready as one piece: one note (the token scan cuts events across pieces
-        anyway) and one write, however many chunks the engine's read held. The hot path: its
-        steady event runs in guard/_side.c where that is built; change both together."""
+        """The pieces ready as one piece: one note (the stream's reader takes events across
+        pieces anyway) and one write, however many chunks the engine's read held."""
         ready, client = self._ready, cast(Client, self._client)
         assert client is not None
         piece = ready[0] if len(ready) == 1 else b"".join(ready)
@@ -165,7 +190,7 @@ class EngineSide(Side, asyncio.Protocol):
         if transport.is_closing():
             self._fail(ConnectionResetError("the client went away"))
             return
-        now = client.clock()
+        now = ex.moved_t = client.clock()
         if client.stats is not None:
             client.stats.note(ex, piece, now)
         transport.write(b"%x\r\n%b\r\n" % (len(piece), piece) if client.framed else piece)
@@ -213,7 +238,7 @@ class EngineSide(Side, asyncio.Protocol):
             if self._client_full:
                 await writer.drain()
                 self._client_full = False
-                client.ex.waiting_since = client.clock()
+                client.ex.waiting_since = client.ex.moved_t = client.clock()
             assert self.transport is not None
             if self.lane is None:  # (on the thread: it reads the engine's socket)
                 self.transport.resume_reading()
@@ -231,11 +256,11 @@ class EngineSide(Side, asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    # -- the steady relay (guard/lanes.py) --------------------------------------------------
+    # -- the relay thread (guard/lanes.py) -------------------------------------------------
 
     def _adopt(self) -> None:
-        """guard/_side.c, after a steady event from a read of one whole chunk: offer the
-        stream to the relay thread (after a cool-down if it came back before)."""
+        """After a read that left the parser between chunks: offer the stream to the relay
+        thread (after a cool-down if it came back before)."""
         if self._cool:
             self._cool -= 1
             return
@@ -283,6 +308,29 @@ class EngineSide(Side, asyncio.Protocol):
         if unsent and not client.transport.is_closing():
             client.transport.write(back)  # before anything else
         return back, unsent
+
+    # -- the guard's self-check (guard/held.py) --------------------------------------------
+
+    def held(self) -> Held:
+        client, transport = self._client, self.transport
+        queued = 0
+        if client is not None and not client.transport.is_closing():
+            queued = client.transport.get_write_buffer_size()
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        waiting = pending(sock.fileno()) if sock is not None else -1
+        reading = self.lane is not None or (transport is not None and transport.is_reading())
+        return Held(self.lane is not None, reading, waiting, queued)
+
+    def unstick(self) -> None:
+        """After a self-check violation: the stream back from the thread, its engine socket
+        read again (unless its client is full), its task woken."""
+        if self.failure is not None or self.done or self._client is None:
+            return
+        if self.lane is not None:
+            self.taken_back()
+        elif not self._client_full and self.transport is not None:
+            self.transport.resume_reading()
+        self._poke()
 
     def broke(self, exc: Exception) -> None:
         """Taking the stream back from the thread failed: this request ends, as a read

@@ -1,28 +1,37 @@
-"""The steady relay: a stream whose reads are steady is handed to a thread of its own
-(guard/_lane.c), which carries them from the engine's socket to the client's without the
-interpreter or the event loop, and hands the stream back at the first read that is not.
+"""The relay thread: a stream is handed to a thread of its own (guard/_relay.c), which carries
+its reads from the engine's socket to the client's without the interpreter or the event loop,
+and hands the stream back at the first read it does not serve.
 
-With the read callback compiled (guard/side.py), what was left of the guard's CPU per event
-above nginx's was the event loop's own cost per read; a relay in C pays none of it
-(docs/performance.md, "The steady relay").
+With the per-event rules compiled (guard/scan.py), what is left of the guard's CPU per event
+above a byte relay's is the event loop's own cost per read; a relay in C pays none of it
+(docs/performance.md).
 
-When a stream is handed over (:meth:`Lanes.adopt`): after a steady event the compiled callback
-passed itself (guard/_side.c), from a read that was exactly one chunk (the parser is then
-between chunks), past the stream's first token, with nothing waiting in the client's buffer,
-on plain TCP at both ends, with the guard on ``time.time`` (the thread's clock). The event
-loop stops reading the engine's socket while the thread reads it.
+When a stream is handed over (:meth:`Lanes.adopt`): after a read the event loop relayed that
+left its response parser between two chunks (guard/fast.py: llhttp said so), past the stream's
+first token, with nothing waiting in the client's buffer, on plain TCP at both ends, with the
+guard on ``time.time`` (the thread's clock). The event loop stops reading the engine's socket
+while the thread reads it. The thread frames each read with llhttp and feeds the stream's own
+Progress with it (guard/sse.c): every event-stream shape is served, and counted as the loop
+counts it.
 
 What comes back (:meth:`Lanes.on_returned`, woken by the thread through an eventfd): the
-stream, its counts, and either the read the thread did not serve (Python feeds it to the
-stream's parser, as if it had just come) or the part of a write the client did not take
-(Python writes it first). A stream that comes back waits twice as many steady events before it
-goes again (at most guard/fast.py ``COOL_MAX``), so one that keeps coming back costs little.
+stream, its counts, and either the read the thread did not serve (not whole chunks, the
+response's end: Python feeds it to the stream's parser, as if it had just come) or the part of
+a write the client did not take (Python writes it first). A stream that comes back waits twice
+as many reads before it goes again (at most guard/fast.py ``COOL_MAX``), so one that keeps
+coming back costs little.
 
 Counts wait in the thread until Python takes them: at every probe round and scrape
 (:meth:`Lanes.sync`), and when a stream comes back. A stream is always taken back
 (guard/fast.py ``EngineSide.close``) before its client is written to or its engine connection
 is closed.
-``ENGINE_WATCHDOG_PURE_PYTHON=1`` turns this off with the compiled callback.
+
+Across ``fork()``: the child gets copies of the thread's table, epoll and eventfds, but not the
+thread. Handlers the module registers (``pthread_atfork``) take every relay's mutex before the
+fork, so the child's copies are never locked, and mark them a child's: there a Lane or a Pump
+freed, closed or reclaimed touches nothing the parent's thread uses (no epoll change, no
+wake-up read, no stop sent), and nothing is adopted.
+``ENGINE_WATCHDOG_PURE_PYTHON=1`` turns this off with the compiled rules.
 """
 
 from __future__ import annotations
@@ -33,12 +42,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine_watchdog.guard import side
+from engine_watchdog.guard import scan
 from engine_watchdog.guard.exchange import Exchange
 from engine_watchdog.guard.stats import GuardStats
 
 if TYPE_CHECKING:
-    from engine_watchdog.guard._lane import Lane
+    from engine_watchdog.guard._relay import Lane
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +75,7 @@ class Client(Protocol):
 
 
 class Lanes:
-    """One guard's steady relay: its thread, and the streams on it."""
+    """One guard's relay thread, and the streams on it."""
 
     def __init__(self, pump: Any, stats: GuardStats) -> None:
         self.pump = pump
@@ -80,16 +89,12 @@ class Lanes:
     def start(cls, stats: GuardStats) -> Lanes | None:
         """The relay's thread, started; None where it is not built (or the Python path is
         asked for)."""
-        if not side.COMPILED:
+        if scan.relay is None:
             return None
         try:
-            from engine_watchdog.guard._lane import Pump
-        except ImportError:  # built without it (not Linux): the compiled callback alone
-            return None
-        try:
-            pump = Pump(stats.gaps.bounds)
+            pump = scan.relay.Pump(stats.gaps)
         except OSError as exc:  # no thread, epoll or eventfd to be had: the event loop's path
-            log.warning("guard: the steady relay did not start (%s): streams stay on the loop", exc)
+            log.warning("guard: the relay thread did not start (%s): streams stay on the loop", exc)
             return None
         return cls(pump, stats)
 
@@ -104,7 +109,7 @@ class Lanes:
         ex, engine, out = client.ex, up.transport, client.transport
         if engine is None or out.is_closing() or out.get_write_buffer_size():
             return
-        if ex.scan.pending or ex.last_event_t is None or ex.waiting_since is None:
+        if ex.last_event_t is None or ex.waiting_since is None:
             return
         efd, cfd = _plain_fd(engine), _plain_fd(out)
         if efd < 0 or cfd < 0 or client.clock is not time.time:
@@ -112,7 +117,7 @@ class Lanes:
             return
         engine.pause_reading()  # the thread's alone from now on
         try:
-            lane = self.pump.adopt(up, efd, cfd, ex.scan.key, client.framed, ex.last_event_t)
+            lane = self.pump.adopt(up, ex.progress, efd, cfd, client.framed)
         except OSError:  # no descriptor for its duplicates (EMFILE): the loop keeps it
             lane = None
         if lane is None:  # the thread has stopped, or could not take it
@@ -124,9 +129,10 @@ class Lanes:
 
     def sync(self) -> None:
         """Every stream's counts from the thread into the guard's (before they are read)."""
+        now = time.time()  # (the thread's clock: adoption asks for it)
         for up, client in self.adopted.items():
-            if up.lane is not None:
-                self.stats.credit(client.ex, up.lane.take())
+            if up.lane is not None and self.stats.credit(client.ex, up.lane.take()):
+                client.ex.moved_t = now
 
     def on_returned(self) -> None:
         """The streams the thread handed back: each to its own side."""

@@ -1,5 +1,5 @@
 """The guard's proxy: every request to the engine passes through, byte for byte; each stream's
-progress is noted on the way (only its SSE framing and its tokens are read, guard/tokens.py),
+progress is noted on the way (only its SSE framing and its tokens are read, guard/scan.py),
 and the streams the supervisor says are ended with an error in vLLM's own shape.
 
 Transparent: every method and path, status, reason, headers (less the hop-by-hop ones) and
@@ -30,13 +30,15 @@ from aiohttp import web
 from engine_watchdog.core.model import GuardObs, QuietStream
 from engine_watchdog.core.serving import GuardSettings
 from engine_watchdog.core.wire import GAP_BOUNDS
-from engine_watchdog.guard import side
+from engine_watchdog.guard import scan
 from engine_watchdog.guard.conns import Connections
 from engine_watchdog.guard.errors import Ending, json_error, sse_error
 from engine_watchdog.guard.exchange import QUIET_S, Exchange, forwarded
-from engine_watchdog.guard.fast import NotListening, UpstreamError
+from engine_watchdog.guard.fast import NotListening, OutOfDescriptors, UpstreamError
+from engine_watchdog.guard.held import SelfCheck
 from engine_watchdog.guard.lanes import Lanes
 from engine_watchdog.guard.relay import Relay
+from engine_watchdog.guard.scan import new_progress
 from engine_watchdog.guard.stats import GuardStats
 from engine_watchdog.net.connection import Upstream
 
@@ -75,8 +77,10 @@ class Guard:
         self._seen = (0, 0, [0] * (len(GAP_BOUNDS) + 1))
         self.port = 0
         self._relay = Relay(upstream, self.stats, clock, settings.connect_timeout_s)
+        self.self_check = SelfCheck(settings.held_limit_s, self.stats)
+        """Every request it holds moves, or is ended, within the limit (guard/held.py)."""
         self.lanes: Lanes | None = None
-        """The steady relay's thread (guard/lanes.py), while the guard runs where it is built."""
+        """The relay thread (guard/lanes.py), while the guard runs where it is built."""
 
     # -- life -----------------------------------------------------------------------------
 
@@ -99,9 +103,9 @@ class Guard:
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop or asyncio
         up = self.upstream
         engine = f"{up.scheme}://{up.authority}{up.base_path}"  # (no credential: none is here)
-        kind = "compiled" if side.COMPILED else "Python"  # (guard/side.py)
-        kind += ", steady relay: thread" if self.lanes is not None else ""  # (guard/lanes.py)
-        log.info("guard on http://%s:%d in front of %s (event loop: %s, read callback: %s)",
+        kind = "compiled" if scan.COMPILED else "Python"  # (guard/scan.py)
+        kind += ", relay thread" if self.lanes is not None else ""  # (guard/lanes.py)
+        log.info("guard on http://%s:%d in front of %s (event loop: %s, per-event rules: %s)",
                  host, self.port, engine, loop, kind)  # fmt: skip
 
     async def stop(self) -> None:
@@ -144,7 +148,7 @@ class Guard:
     def _end(self, ex: Exchange, why: Ending, message: str) -> bool:
         if ex.ending is not None or ex.pump is None or ex.pump.done():
             return False
-        ex.ending, ex.detail = why, message
+        ex.ending, ex.detail, ex.ended_t = why, message, self.clock()
         if ex.upstream is not None:
             ex.upstream.close()  # the engine sees its client gone: vLLM aborts the request
         ex.pump.cancel()
@@ -153,16 +157,17 @@ class Guard:
     # -- the probe -------------------------------------------------------------------------
 
     def count(self) -> None:
-        """The steady relay's counts into :attr:`stats` (before they are read)."""
+        """The relay thread's counts into :attr:`stats` (before they are read)."""
         if self.lanes is not None:
             self.lanes.sync()
 
     def snapshot(self, t: float) -> GuardObs:
         """What the wire showed since the last snapshot, and every stream quiet a second."""
         self.count()
+        self.self_check.check(list(self.open.values()), t)
         stats = self.stats
         events, finished, gaps = self._seen
-        counts = list(stats.gaps.counts)
+        counts = list(stats.gaps.snapshot()[0])
         completed = stats.outcomes["completed"]
         self._seen = (stats.events, completed, counts)
         quiet, decoding = [], 0
@@ -213,7 +218,8 @@ class Guard:
             return refused
         headers = forwarded(request.headers)
         key = f"g{next(self._serial)}"
-        ex = Exchange(key, request.headers.get("X-Request-Id", ""), self.clock())
+        label, progress = request.headers.get("X-Request-Id", ""), new_progress(self.stats.gaps)
+        ex = Exchange(key, label, self.clock(), progress)
         self.open[key] = ex
         outcome = "client-gone"
         try:
@@ -255,7 +261,7 @@ class Guard:
         if resp is None:
             return json_error(ex.detail, retry_after=self.settings.retry_after_s)
         if ex.sse:
-            complete = not ex.scan.pending
+            complete = ex.progress.boundary
             with contextlib.suppress(ConnectionResetError, RuntimeError):
                 await resp.write(sse_error(ex.detail, complete))
                 await resp.write_eof()
@@ -268,6 +274,9 @@ class Guard:
     def _upstream_failed(
         self, request: web.Request, ex: Exchange, exc: UpstreamError
     ) -> web.StreamResponse:
+        if ex.response is None and isinstance(exc, OutOfDescriptors):
+            # The guard's own limit, for a moment: retryable, and said as such.
+            return json_error(f"engine-watchdog: {exc}", retry_after=self.settings.retry_after_s)
         if ex.response is None and isinstance(exc, NotListening):
             # Nothing listens (a restart, a crash): what the 503 gate answers, at once.
             message = "engine-watchdog: the engine is not listening; retry later or elsewhere"
@@ -283,7 +292,7 @@ class Guard:
 SHUTDOWN_S = 2.0
 """aiohttp's own bound on each of its two waits for handlers at cleanup."""
 OPEN_FILES_WANTED = 65536
-"""Two sockets per stream (client and engine), four while the steady relay holds duplicates of
+"""Two sockets per stream (client and engine), four while the relay thread holds duplicates of
 both (guard/lanes.py): the usual soft limit of 1024 would cap the guard near 250-500 streams,
 and a refused accept() leaves a client waiting."""
 

@@ -4,6 +4,7 @@ response's end, on the data path of guard/fast.py (docs/guard.md, "The data path
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 from collections.abc import Callable
 
@@ -11,7 +12,13 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from engine_watchdog.guard.exchange import Exchange, returned
-from engine_watchdog.guard.fast import Client, EngineSide, NotListening, UpstreamError
+from engine_watchdog.guard.fast import (
+    Client,
+    EngineSide,
+    NotListening,
+    OutOfDescriptors,
+    UpstreamError,
+)
 from engine_watchdog.guard.lanes import Lanes
 from engine_watchdog.guard.stats import GuardStats
 from engine_watchdog.net.connection import Upstream
@@ -45,7 +52,7 @@ class Relay:
         self.clock = clock
         self.timeout_s = timeout_s
         self.lanes: Lanes | None = None
-        """The steady relay (guard/lanes.py), once the guard has started it."""
+        """The relay thread (guard/lanes.py), once the guard has started it."""
 
     async def pump(
         self, request: web.Request, ex: Exchange, headers: CIMultiDict[str], body: bytes
@@ -54,7 +61,8 @@ class Relay:
         up = await connect(self.upstream, request.method, self.timeout_s)
         ex.upstream = up
         try:
-            assert up.transport is not None and request.transport is not None
+            _client_transport(request)  # (it may have left while the guard connected)
+            assert up.transport is not None
             path = self.upstream.base_path + request.raw_path
             head = request_head(request.method, path, self.upstream.authority, headers, len(body))
             up.transport.write(head + body if len(body) < 65536 else head)
@@ -72,12 +80,21 @@ class Relay:
             ex.response = resp
             framed = bool(getattr(writer, "chunked", False))  # aiohttp chose chunks for it
             stats = self.stats if ex.sse else None
-            client = Client(request.transport, ex, stats, framed, self.clock, self.lanes)
+            transport = _client_transport(request)
+            client = Client(transport, ex, stats, framed, self.clock, self.lanes)
             await up.relay(client, writer)
             await resp.write_eof()
             return resp
         finally:
             up.close()
+
+
+def _client_transport(request: web.Request) -> asyncio.Transport:
+    """The client's connection; the client-gone path (proxy.py) where it has left."""
+    transport = request.transport
+    if transport is None:
+        raise ConnectionResetError("the client went away")
+    return transport
 
 
 async def connect(upstream: Upstream, method: str, timeout_s: float) -> EngineSide:
@@ -99,5 +116,10 @@ async def connect(upstream: Upstream, method: str, timeout_s: float) -> EngineSi
     except ssl.SSLError as exc:  # (before OSError: it is one) the engine answers, TLS fails
         raise UpstreamError(f"TLS with the engine failed: {exc}") from exc
     except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise OutOfDescriptors(
+                f"the guard has no file descriptor left ({exc.strerror}): raise its open files "
+                "limit (ulimit -n), or send fewer requests at once"
+            ) from exc
         raise NotListening(str(exc)) from exc
     return up

@@ -1,6 +1,7 @@
-"""The guard's counters and histograms, kept as plain ints on the hot path (one list index per
-chunk, no lock) and read by Prometheus at scrape time through a collector, the way
-report/metrics.py reads the verdicts. Names follow report/metrics.py (``engine_watchdog_``)."""
+"""The guard's counters and histograms, kept as plain numbers on the hot path (no lock) and read
+by Prometheus at scrape time through a collector, the way report/metrics.py reads the verdicts.
+Names follow report/metrics.py (``engine_watchdog_``). Which events carry tokens and the gaps
+between them are counted by the per-event rules (guard/scan.py), on both paths."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from engine_watchdog.core.wire import GAP_BOUNDS
-from engine_watchdog.guard import tokens
+from engine_watchdog.guard import scan, tokens
 from engine_watchdog.guard.conns import CLOSE_REASONS
 from engine_watchdog.guard.errors import Ending
 from engine_watchdog.report.metrics import PREFIX
@@ -51,18 +52,28 @@ class Histogram:
         self.total = 0.0
 
     def family(self, name: str, text: str, target: str) -> HistogramMetricFamily:
-        family = HistogramMetricFamily(name, text, labels=["target"])
-        cumulative, buckets = 0, []
-        for bound, n in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
-            cumulative += n
-            buckets.append((bound, float(cumulative)))
-        family.add_metric([target], buckets, self.total)
-        return family
+        return family(name, text, target, self.bounds, self.counts, self.total)
+
+
+def family(
+    name: str,
+    text: str,
+    target: str,
+    bounds: tuple[float, ...],
+    counts: Iterable[int],
+    total: float,
+) -> HistogramMetricFamily:
+    histogram = HistogramMetricFamily(name, text, labels=["target"])
+    cumulative, buckets = 0, []
+    for bound, n in zip((*map(str, bounds), "+Inf"), counts, strict=True):
+        cumulative += n
+        buckets.append((bound, float(cumulative)))
+    histogram.add_metric([target], buckets, total)
+    return histogram
 
 
 class GuardStats:
-    """What the guard counts. The guard's hot path writes these fields directly: :meth:`note`,
-    and guard/_side.c for a stream's steady event (``events``, ``gaps``, ``last_event_t``)."""
+    """What the guard counts (the hot path writes these fields directly: :meth:`note`)."""
 
     __slots__ = (
         "closed",
@@ -73,11 +84,13 @@ class GuardStats:
         "last_event_t",
         "outcomes",
         "stuck",
+        "violations",
     )
 
     def __init__(self) -> None:
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
-        self.gaps = Histogram(GAP_BOUNDS)
+        self.gaps = scan.new_hist(GAP_BOUNDS)
+        """Gaps between a stream's tokens, of every stream (each stream's Progress notes them)."""
         self.first_event = Histogram(FIRST_EVENT_BOUNDS)
         self.events = 0
         """SSE events that carried tokens, of every stream."""
@@ -88,50 +101,44 @@ class GuardStats:
         """Requests the request judge named stuck (counted whether or not they were aborted)."""
         self.closed = dict.fromkeys(CLOSE_REASONS, 0)
         """Client connections the guard closed itself, by reason (guard/conns.py)."""
+        self.violations = 0
+        """Requests the guard's self-check found held without moving (guard/held.py)."""
 
     def end(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
         self.finished += 1
 
     def note(self, ex: Exchange, chunk: bytes, now: float) -> None:
-        """The hot path: count the events a piece of an SSE stream ends that carry tokens (the
-        others, keepalives and empty deltas, are no progress: guard/tokens.py) and time them
-        (first token, gaps): the gap histogram and the request judge see the same events.
-        guard/_side.c does the same for a stream's steady event (not its first, one whole
-        event in its read, the key of the last): change both together."""
-        n = ex.scan.count(chunk)
+        """The hot path: the tokens a read of an SSE stream carried (guard/scan.py: its events
+        that carry generated content; keepalives and empty deltas are no progress), their gap
+        noted by the stream's Progress, and the first token's wait: the gap histogram and the
+        request judge see the same events."""
+        n = ex.progress.feed(chunk, now)
         if not n:
             return
-        last = ex.last_event_t
-        if last is None:
+        if ex.last_event_t is None:
             ex.first_event_t = now
             ex.engine_id = tokens.engine_id(chunk)
             first = self.first_event
             first.counts[bisect_left(first.bounds, now - ex.started_t)] += 1
             first.total += now - ex.started_t
-        else:
-            gap, gaps = now - last, self.gaps
-            gaps.counts[bisect_left(gaps.bounds, gap)] += 1
-            gaps.total += gap
         ex.last_event_t = self.last_event_t = now
         ex.events += n
         self.events += n
 
-    def credit(self, ex: Exchange, taken: tuple[int, float, tuple[int, ...], float]) -> None:
-        """What :meth:`note` would have counted for events the steady relay's thread passed
-        (guard/lanes.py): their number, the last one's time, their gap counts and sum."""
-        events, last_t, gaps, gap_total = taken
-        if not events:
-            return
+    def credit(self, ex: Exchange, taken: tuple[int, float | None, int]) -> int:
+        """What :meth:`note` would have counted for the reads the relay thread passed
+        (guard/lanes.py): their tokens and the last one's time (their gaps are in
+        :attr:`gaps` already); the reads it passed."""
+        events, last_t, reads = taken
+        if not events or last_t is None:
+            return reads
         ex.events += events
         self.events += events
         ex.last_event_t = last_t
         if self.last_event_t is None or last_t > self.last_event_t:
             self.last_event_t = last_t
-        counts = self.gaps.counts
-        for i, n in enumerate(gaps):
-            counts[i] += n
-        self.gaps.total += gap_total
+        return reads
 
 
 class GuardCollector(Collector):
@@ -150,7 +157,7 @@ class GuardCollector(Collector):
         self.in_flight = in_flight
         self.refusing = refusing
         self.count = count
-        """Brings counts kept elsewhere into ``stats`` (the steady relay's: Guard.count)."""
+        """Brings counts kept elsewhere into ``stats`` (the relay thread's: Guard.count)."""
 
     def collect(self) -> Iterable[Metric]:
         self.count()
@@ -188,9 +195,21 @@ class GuardCollector(Collector):
         ttfe = s.first_event.family(
             p + "time_to_first_event_seconds", "From the request to its first SSE event.", t
         )
-        gaps = s.gaps.family(
-            p + "inter_event_seconds", "Between consecutive SSE events of a stream.", t
+        counts, total = s.gaps.snapshot()
+        gaps = family(
+            p + "inter_event_seconds",
+            "Between consecutive SSE events of a stream.",
+            t,
+            s.gaps.bounds,
+            counts,
+            total,
         )
+        yield from (requests, events, stuck, aborted, flight, refusing, ttfe, gaps)
+        yield from self._guard_itself()
+
+    def _guard_itself(self) -> Iterable[Metric]:
+        """What the guard did on its own account: connections it closed, its self-check."""
+        s, t, p = self.stats, self.target, PREFIX + "guard_"
         closed = CounterMetricFamily(
             p + "connections_closed",
             "Client connections the guard closed: no whole request head in time, or past "
@@ -199,4 +218,12 @@ class GuardCollector(Collector):
         )
         for reason, n in s.closed.items():
             closed.add_metric([t, reason], n)
-        yield from (requests, events, stuck, aborted, flight, refusing, ttfe, gaps, closed)
+        violations = CounterMetricFamily(
+            p + "self_check_violations",
+            "Requests the guard held past the per-request threshold plus a probe round without "
+            "moving, through its own fault (bytes waiting at the engine, its client taking them), "
+            "or after it was ordered to end them.",
+            labels=["target"],
+        )
+        violations.add_metric([t], s.violations)
+        yield from (closed, violations)

@@ -155,7 +155,9 @@ async def _guard(
 
     # The real address and TLS trust of the one connection, never the display URL; the guard
     # gets no credential (a client without any meets the engine's own 401).
-    guard = Guard(settings.guard, connection.upstream())
+    # Its self-check's limit: the per-request threshold plus one probe round (guard/held.py).
+    held_limit_s = settings.detector.request_stall_seconds + settings.probe.interval_s
+    guard = Guard(replace(settings.guard, held_limit_s=held_limit_s), connection.upstream())
     try:
         await guard.start(*parse_listen(listen, "--guard-listen"))
     except OSError as exc:

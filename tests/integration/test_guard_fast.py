@@ -8,19 +8,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from unittest import mock
 
 import aiohttp
 import psutil
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+from multidict import CIMultiDict
 
 from engine_watchdog.core.serving import GuardSettings
 from engine_watchdog.guard.errors import sse_error
 from engine_watchdog.guard.exchange import Exchange
 from engine_watchdog.guard.fast import EngineSide
+from engine_watchdog.guard.lanes import Lanes
 from engine_watchdog.guard.proxy import Guard
+from engine_watchdog.guard.relay import Relay
+from engine_watchdog.guard.scan import new_progress
+from engine_watchdog.guard.stats import GuardStats
 from engine_watchdog.sim.launcher import free_port
 from tests.tools.guard import served, slow_reader, upstream
 from tests.tools.raw_engine import LAST, SSE_HEAD, chunks, cut, dechunk, raw_engine
@@ -52,6 +60,17 @@ async def read_all(url: str, request_id: str = "r-1") -> tuple[aiohttp.ClientRes
         s.post(url + "/v1/completions", json=BODY, headers={"X-Request-Id": request_id}) as r,
     ):
         return r, await r.read()
+
+
+async def read_until(url: str, text: bytes, heard: asyncio.Event) -> bytes:
+    """The whole body of a stream; ``heard`` set once its client has received ``text``."""
+    got = b""
+    async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json=BODY) as r:
+        async for piece in r.content.iter_any():
+            got += piece
+            if text in got:
+                heard.set()
+    return got
 
 
 EVENTS = [
@@ -200,10 +219,11 @@ async def test_an_ended_request_gets_the_error_event_then_done() -> None:
     assert guard.stats.outcomes["aborted-stuck"] == 1
     in_event = [SSE_HEAD, chunks(b"data: 1\n\ndata: par", b"tial")]
     async with raw_engine(in_event, "hold") as engine, guarded(engine.url) as (guard, url):
-        streams = [asyncio.create_task(read_all(url, f"s-{i}")) for i in range(2)]
-        await until(lambda: [ex.scan.pending[-4:] for ex in guard.open.values()] == [b"tial"] * 2)
+        heard = [asyncio.Event(), asyncio.Event()]
+        streams = [asyncio.create_task(read_until(url, b"tial", heard[i])) for i in range(2)]
+        await asyncio.wait_for(asyncio.gather(*(h.wait() for h in heard)), 10)
         assert guard.end_all("stalled") == 2
-        bodies = [body for _, body in await asyncio.gather(*streams)]
+        bodies = await asyncio.gather(*streams)
         await until(lambda: engine.closed_by_peer == 2)
     assert bodies == [b"data: 1\n\ndata: partial" + sse_error("stalled", complete=False)] * 2
     assert guard.stats.outcomes["answered-stall"] == 2
@@ -289,3 +309,66 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.02)
+
+
+async def test_a_client_that_leaves_while_the_guard_connects_is_a_client_gone() -> None:
+    """The client's connection lost while the guard connected to the engine (its transport
+    gone when the connect returns, before aiohttp's cancellation of the handler arrives: 14 of
+    400 tries in an audit). Was: ``assert request.transport is not None`` in Relay.pump, an
+    ERROR traceback and a 500 nobody reads; now the client-gone path (ConnectionResetError,
+    which Guard.handle counts as client-gone), and nothing is sent to the engine."""
+    protocol = mock.Mock()
+    protocol.transport = None  # as aiohttp's connection_lost leaves it
+    request = make_mocked_request("POST", "/v1/completions", protocol=protocol, transport=None)
+    async with raw_engine([SSE_HEAD, chunks(b"data: 1\n\n"), LAST], "hold") as engine:
+        stats = GuardStats()
+        relay = Relay(upstream(engine.url), stats, time.time, 5.0)
+        ex = Exchange("g0", "", time.time(), new_progress(stats.gaps))
+        with pytest.raises(ConnectionResetError):
+            await relay.pump(request, ex, CIMultiDict(), b"{}")
+        up = ex.upstream
+        assert isinstance(up, EngineSide) and up.transport is not None
+        assert up.transport.is_closing()  # its engine connection closed, nothing written on it
+    assert engine.requests == []
+
+
+async def test_the_self_check_finds_a_stream_the_guard_stopped_reading_and_moves_it_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A lost wake-up planted: the guard's engine socket paused while its client has nothing
+    queued and the engine goes on sending. The probe rounds' self-check finds it within the
+    limit plus a round, says so once with the request's state, counts it, and reads the engine
+    again: the client gets its whole stream."""
+    events = [b'data: {"text":"t%d"}\n\n' % i for i in range(30)]
+
+    async def engine(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(e)
+            await asyncio.sleep(0.05)
+        return resp
+
+    async with served(engine) as engine_url:
+        guard = Guard(GuardSettings(held_limit_s=0.5), upstream(engine_url))
+        with pytest.MonkeyPatch.context() as mp:  # the event loop's path (no relay thread)
+            mp.setattr(Lanes, "start", classmethod(lambda cls, stats: None))
+            await guard.start("127.0.0.1", 0)
+        try:
+            reading = asyncio.create_task(read_all(f"http://127.0.0.1:{guard.port}"))
+            await until(lambda: any(ex.events >= 3 for ex in guard.open.values()))
+            (ex,) = guard.open.values()
+            assert isinstance(ex.upstream, EngineSide) and ex.upstream.transport is not None
+            ex.upstream.transport.pause_reading()  # the planted fault
+            caplog.set_level(logging.ERROR)
+            deadline = time.monotonic() + 10
+            while not guard.stats.violations and time.monotonic() < deadline:
+                guard.snapshot(time.time())  # a probe round
+                await asyncio.sleep(0.1)
+            _, body = await asyncio.wait_for(reading, 10)
+        finally:
+            await guard.stop()
+    assert guard.stats.violations == 1
+    assert body == b"".join(events)
+    (line,) = [r.getMessage() for r in caplog.records if "self-check" in r.getMessage()]
+    assert "bytes wait at the engine" in line and "engine socket paused" in line, line

@@ -1,8 +1,9 @@
-"""The steady relay (guard/lanes.py, guard/_lane.c): a stream's steady reads carried by a thread
-of its own, handed back at the first read that is not. Against real sockets on loopback: the
-client gets the bytes and the guard the counts the event loop's path gives, whatever the stream
-holds; a stream on the thread is ended, left by its client, held by a slow reader and handed back
-at a stop like any other. (tests/unit/test_lane.py: the thread against socket pairs.)"""
+"""The relay thread (guard/lanes.py, guard/_relay.c): a stream's reads carried by a thread of its
+own, handed back at the first read that is not whole chunks. Against real sockets on loopback:
+the client gets the bytes and the guard the counts the event loop's path gives, whatever the
+stream holds, in every event-stream shape; a stream on the thread is ended, left by its client,
+held by a slow reader and handed back at a stop like any other. (tests/unit/test_relay.py: the
+thread against socket pairs.)"""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_watchdog.core.serving import GuardSettings
-from engine_watchdog.guard import side
+from engine_watchdog.guard import scan
 from engine_watchdog.guard.errors import sse_error
 from engine_watchdog.guard.lanes import Lanes
 from engine_watchdog.guard.proxy import Guard
@@ -29,7 +30,7 @@ from tests.tools.raw_engine import LAST, SSE_HEAD, chunks, dechunk, raw_engine
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not side.COMPILED, reason="the steady relay is built with the callback"),
+    pytest.mark.skipif(not scan.COMPILED, reason="the relay thread is the compiled path's"),
 ]
 BODY = {"model": "m", "prompt": "go", "stream": True}
 
@@ -89,7 +90,7 @@ async def through(pieces: list[bytes], thread: bool) -> dict[str, Any]:
         return {
             "body": body,
             "events": s.events,
-            "gaps": sum(s.gaps.counts),
+            "gaps": sum(s.gaps.snapshot()[0]),
             "firsts": sum(s.first_event.counts),
             "outcomes": dict(s.outcomes),
             "served": served,
@@ -106,6 +107,11 @@ KINDS: dict[str, Callable[[int], list[bytes]]] = {
     "role": lambda i: [chunks(b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n')],
     "cut": lambda i: [chunks(text(i))[:7], chunks(text(i))[7:]],
     "lines": lambda i: [chunks(b'event: delta\ndata: {"text":"l%d"}\n\n' % i)],
+    "crlf": lambda i: [chunks(b'data: {"text":"r%d"}\r\n\r\n' % i)],
+    "cr": lambda i: [chunks(b'data:{"text":"q%d"}\r\r' % i)],
+    "split data": lambda i: [chunks(b'data: {"choices":[{"text":\ndata: "m%d"}]}\n\n' % i)],
+    "comment first": lambda i: [chunks(b': ping\r\nid: %d\r\ndata: {"text":"p"}\r\n\r\n' % i)],
+    "crlf cut": lambda i: [chunks(b'data: {"text":"s%d"}\r' % i), chunks(b"\n\r\n")],
 }
 
 
@@ -114,9 +120,10 @@ KINDS: dict[str, Callable[[int], list[bytes]]] = {
 def test_the_client_and_the_counts_are_the_event_loops_whatever_the_stream_holds(
     kinds: list[str],
 ) -> None:
-    """Steady events between keepalives, empty deltas, role-only events, two events in a read,
-    a chunk cut across reads: the thread serves what is steady and hands the rest back, and the
-    client's bytes and the guard's counts are what the event loop's path alone gives."""
+    """Token events between keepalives, empty deltas, role-only events, two events in a read,
+    CRLF, CR, data split across lines, a CRLF cut across chunks, a chunk cut across reads: the
+    thread serves whole chunks and hands the rest back, and the client's bytes and the guard's
+    counts are what the event loop's path alone gives."""
     steady = [chunks(text(i)) for i in range(6)]  # a steady start: the stream goes to the thread
     body = steady + [p for i, k in enumerate(kinds) for p in KINDS[k](100 + 2 * i)] + steady
     pieces = [SSE_HEAD, *body, chunks(b"data: [DONE]\n\n") + LAST]

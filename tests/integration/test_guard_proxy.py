@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from engine_watchdog.core.serving import GuardSettings
-from engine_watchdog.guard import side
+from engine_watchdog.guard import scan
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from tests.tools.cli import run_cli
@@ -159,12 +159,12 @@ async def test_the_guard_runs_on_uvloop_unless_told_otherwise(
     args: tuple[str, ...], loop: str, pure: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The installed guard's event loop is uvloop (docs/performance.md: its CPU per event);
-    --guard-loop asyncio keeps the standard one. Its start-up line says which, and which read
-    callback runs (compiled where the install built guard/_side.c, with the steady relay's
-    thread, guard/_lane.c), and a stream passes whole on either (and on the Python callback,
+    --guard-loop asyncio keeps the standard one. Its start-up line says which, and which
+    per-event rules run (compiled where the install built guard/_relay.c, with the relay
+    thread), and a stream passes whole on either (and on the Python twin,
     ENGINE_WATCHDOG_PURE_PYTHON=1)."""
     if pure:
-        monkeypatch.setenv(side.PURE_ENV, "1")
+        monkeypatch.setenv(scan.PURE_ENV, "1")
     async with sse_server() as upstream:
         guard = await start_guard("guard", upstream, *args, log=True)
         try:
@@ -177,8 +177,8 @@ async def test_the_guard_runs_on_uvloop_unless_told_otherwise(
             await stop_guard(guard)
     line = started.strip()  # one JSON object under --json (docs/logs.md), plain text otherwise
     said = str(json.loads(line)["msg"]) if line.startswith(b"{") else line.decode()
-    kind = "compiled, steady relay: thread" if side.COMPILED and not pure else "Python"
-    assert said.endswith(f"(event loop: {loop}, read callback: {kind})"), said
+    kind = "compiled, relay thread" if scan.COMPILED and not pure else "Python"
+    assert said.endswith(f"(event loop: {loop}, per-event rules: {kind})"), said
     assert got.done and got.error is None and len(got.events) == 21
 
 

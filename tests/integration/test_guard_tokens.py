@@ -7,6 +7,10 @@ in front of a real loopback engine (tests/tools/token_engine.py).
   come in every shape (completions ``text``, chat ``delta.content``, ``reasoning_content``,
   tool-call ``arguments``) and all count. /metrics shows that the gap histogram saw the same
   events as the judge: only the tokens.
+- every event-stream shape (tests/tools/token_engine.py SHAPES: CRLF, CR, no space after
+  ``data:``, fields and comments first, JSON over two ``data`` lines): a stream that goes
+  silent after its first token is ended while the other streams of its shape move, and those
+  pass byte-identical with every token counted.
 - 12: two clients send the same ``X-Request-Id``, one healthy and one stuck: the stuck one is
   ended, the healthy one completes untouched, and the engine-side abort (its connection closed)
   hits the stuck request only.
@@ -20,7 +24,7 @@ import aiohttp
 import pytest
 
 from tests.tools.guard import GuardProcess, Stream, start_guard, stop_guard, stream
-from tests.tools.token_engine import TokenEngine, token_engine
+from tests.tools.token_engine import SHAPES, TokenEngine, token_engine
 from tests.tools.watch import metric
 
 STUCK_S = 2.0
@@ -79,3 +83,45 @@ async def test_twins_with_one_request_id_the_stuck_one_alone_is_ended() -> None:
     assert healthy.done and healthy.error is None and healthy.tokens == MOVING
     assert metric(text, "engine_watchdog_guard_stuck_requests_total") == 1
     assert engine.ended == {"stuck": "cut", "moving": "finished"}
+
+
+async def raw(url: str, spec: dict[str, object], request_id: str) -> bytes:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(url + "/v1/completions", json=spec, headers={"X-Request-Id": request_id}) as r,
+    ):
+        return await asyncio.wait_for(r.read(), 60)
+
+
+async def test_a_silent_stream_of_every_shape_is_ended_while_the_others_move() -> None:
+    """Was: events cut at LF-LF alone, so behind a CRLF server (sse-starlette's default) a
+    stream silent after its first token was never ended (a client waited 45 s, its own
+    timeout, while another stream moved)."""
+    shapes = sorted(SHAPES)
+    async with token_engine() as engine:
+        guard = await _guarded(engine)
+        try:
+            tags = [f"{mode}-{shape}" for shape in shapes for mode in ("keepalive", "moving")]
+            specs = [
+                {
+                    "mode": tag.split("-")[0],
+                    "shape": tag.split("-")[1],
+                    "tag": tag,
+                    "events": MOVING,
+                }
+                for tag in tags
+            ]
+            got = await asyncio.gather(*(raw(guard.guard_url, sp, str(sp["tag"])) for sp in specs))
+            bodies = dict(zip(tags, got, strict=True))
+            text = await guard.metrics()
+        finally:
+            await stop_guard(guard)
+    for shape in shapes:
+        stuck, moving = bodies[f"keepalive-{shape}"], bodies[f"moving-{shape}"]
+        assert engine.ended[f"keepalive-{shape}"] == "cut", shape
+        assert b"ServiceUnavailableError" in stuck and stuck.endswith(b"data: [DONE]\n\n"), shape
+        assert stuck.startswith(engine.sent[f"keepalive-{shape}"][:20]), shape
+        assert engine.ended[f"moving-{shape}"] == "finished", shape
+        assert moving == engine.sent[f"moving-{shape}"], shape  # byte-identical
+    assert metric(text, "engine_watchdog_guard_stuck_requests_total") == len(shapes)
+    assert metric(text, "engine_watchdog_guard_events_total") == len(shapes) * (1 + MOVING)

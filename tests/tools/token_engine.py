@@ -9,8 +9,11 @@ of every stream by the body's ``tag`` (finished, or cut from the guard's side: a
 - ``{"mode": "empty"}``: one token, then only chunks without one (empty deltas, role-only,
   usage-only, empty text) every 0.3 s.
 
-The endless modes are bounded (ENDLESS_S). /metrics moves (a vLLM exposition whose token
-counter grows on every scrape) so the engine itself never looks stalled or idle.
+``"shape"`` writes the events in one of the event-stream shapes the WHATWG standard allows
+(SHAPES: LF, CRLF, CR without the space after ``data:``, other fields and comments first, the
+JSON split over two ``data`` lines); the engine keeps the bytes it sent by ``tag``. The endless
+modes are bounded (ENDLESS_S). /metrics moves (a vLLM exposition whose token counter grows on
+every scrape) so the engine itself never looks stalled or idle.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -48,8 +51,24 @@ NO_TOKENS: tuple[Mapping[str, object], ...] = (
 )
 
 
-def event(doc: Mapping[str, object]) -> bytes:
-    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+def _split(text: bytes, eol: bytes) -> bytes:
+    head, _, tail = text.partition(b",")
+    return b"data: " + head + b"," + eol + b"data: " + tail + eol + eol
+
+
+SHAPES: dict[str, Callable[[bytes], bytes]] = {
+    "lf": lambda text: b"data: " + text + b"\n\n",
+    "crlf": lambda text: b"data: " + text + b"\r\n\r\n",
+    "cr": lambda text: b"data:" + text + b"\r\r",
+    "fields": lambda text: b"event: message\r\nid: 7\r\n: note\r\ndata: " + text + b"\r\n\r\n",
+    "split": lambda text: _split(text, b"\n"),
+}
+KEEPALIVE = {"lf": b": keepalive\n\n", "crlf": b": keepalive\r\n\r\n", "cr": b":keepalive\r\r",
+             "fields": b": keepalive\r\n\r\n", "split": b": keepalive\n\n"}  # fmt: skip
+
+
+def event(doc: Mapping[str, object], shape: str = "lf") -> bytes:
+    return SHAPES[shape](json.dumps(doc, separators=(",", ":")).encode())
 
 
 @dataclass
@@ -57,6 +76,8 @@ class TokenEngine:
     url: str = ""
     ended: dict[str, str] = field(default_factory=dict)
     """tag -> "finished" or "cut" (the guard closed that request's engine connection)."""
+    sent: dict[str, bytes] = field(default_factory=dict)
+    """tag -> the body bytes the engine wrote."""
     scrapes: itertools.count[int] = field(default_factory=itertools.count)
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -68,8 +89,15 @@ class TokenEngine:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         tag, outcome = str(spec.get("tag", "")), "cut"
+        self.sent[tag] = b""
+        real_write = resp.write
+
+        async def write(data: bytes) -> None:
+            await real_write(data)
+            self.sent[tag] += data
+
         try:
-            await self._stream(resp, spec)
+            await self._stream(write, spec)
             outcome = "finished"
         except (ConnectionError, asyncio.CancelledError):
             pass  # the guard closed this request's engine connection
@@ -77,21 +105,23 @@ class TokenEngine:
             self.ended[tag] = outcome
         return resp
 
-    async def _stream(self, resp: web.StreamResponse, spec: dict[str, object]) -> None:
-        mode = spec.get("mode", "moving")
+    async def _stream(
+        self, write: Callable[[bytes], Awaitable[None]], spec: dict[str, object]
+    ) -> None:
+        mode, shape = spec.get("mode", "moving"), str(spec.get("shape", "lf"))
         if mode == "moving":
             for n in range(int(str(spec.get("events", 4)))):
-                await resp.write(event(TOKENS[n % len(TOKENS)]))
+                await write(event(TOKENS[n % len(TOKENS)], shape))
                 await asyncio.sleep(0.1)
-            await resp.write(b"data: [DONE]\n\n")
+            await write(SHAPES[shape](b"[DONE]"))
             return
-        await resp.write(event(TOKENS[0]))
+        await write(event(TOKENS[0], shape))
         deadline = time.monotonic() + ENDLESS_S
         for n in itertools.count():
             if time.monotonic() > deadline:
                 raise ConnectionError("bounded")
             await asyncio.sleep(0.3)
-            await resp.write(b": keepalive\n\n" if mode == "keepalive" else event(NO_TOKENS[n % 5]))
+            await write(KEEPALIVE[shape] if mode == "keepalive" else event(NO_TOKENS[n % 5], shape))
 
 
 @contextlib.asynccontextmanager

@@ -1,8 +1,7 @@
-/* The steady relay's thread (guard/lanes.py says what it serves and what it hands back; the
- * Python types are guard/_lane.c). This file includes no Python header: nothing here can touch
- * a Python object, so the thread never needs the GIL and never waits on the interpreter. */
-#define _GNU_SOURCE /* memmem */
-#include "lane.h"
+/* The relay thread (guard/lanes.py says what it serves and what it hands back; the Python types
+ * are guard/_relay.c). This file includes no Python header: nothing here can touch a Python
+ * object, so the thread never needs the GIL and never waits on the interpreter. */
+#include "relay.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -16,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_CHUNKS 64
+#define MAX_PIECES 64
 #define STOP_TAG UINT64_MAX
 
 static double now_s(void) {
@@ -25,10 +24,73 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* ---- framing: llhttp over each read ---------------------------------------------------- */
+
+/* What llhttp found in one read. */
+struct frame {
+    struct piece pieces[MAX_PIECES];
+    int k;
+    int over;     /* more body pieces than fit */
+    int in_chunk; /* a chunk's header came and its end did not */
+    int ended;    /* the last chunk, or the message's end */
+};
+
+static int on_body(llhttp_t *h, const char *at, size_t n) {
+    struct frame *f = h->data;
+    if (f->k == MAX_PIECES)
+        f->over = 1;
+    else
+        f->pieces[f->k++] = (struct piece){at, n};
+    return 0;
+}
+
+static int on_chunk_header(llhttp_t *h) {
+    struct frame *f = h->data;
+    f->in_chunk = 1;
+    if (h->content_length == 0)
+        f->ended = 1;
+    return 0;
+}
+
+static int on_chunk_complete(llhttp_t *h) {
+    ((struct frame *)h->data)->in_chunk = 0;
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *h) {
+    ((struct frame *)h->data)->ended = 1;
+    return 0;
+}
+
+static llhttp_settings_t settings;
+static const char HEAD[] = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+/* The lane's parser, between two chunks of a chunked response: where the event loop's
+ * (httptools) was when it handed the stream over. 0, or -1 if llhttp refused the head. */
+static int parser_at_boundary(struct lane *l) {
+    struct frame f = {.k = 0};
+    llhttp_init(&l->http, HTTP_RESPONSE, &settings);
+    l->http.data = &f;
+    llhttp_errno_t e = llhttp_execute(&l->http, HEAD, sizeof HEAD - 1);
+    return e == HPE_OK && f.k == 0 && !f.ended ? 0 : -1;
+}
+
+/* Whether the read left the parser between two chunks: every chunk it began it ended (llhttp
+ * called on_chunk_complete last), and nothing of the next one came: a chunk's size line ends in
+ * CRLF, which would have called on_chunk_header, so a read that ends in CRLF after the last
+ * chunk's end holds no part of another. */
+static int at_boundary(const struct frame *f, const char *buf, size_t n) {
+    return !f->in_chunk && !f->ended && !f->over && f->k > 0 && n >= 2 && buf[n - 2] == '\r' &&
+           buf[n - 1] == '\n';
+}
+
+/* ---- the thread ------------------------------------------------------------------------- */
+
 /* Off epoll, its sockets closed. Its slot stays taken until Python takes the lane (returned()
  * or reclaim): the queue then never holds more lanes than the table has slots. */
 static void unhook(struct pump *p, struct lane *l) {
-    epoll_ctl(p->ep, EPOLL_CTL_DEL, l->efd, NULL);
+    if (!p->forked) /* (a forked child's epoll is its parent's: never changed from there) */
+        epoll_ctl(p->ep, EPOLL_CTL_DEL, l->efd, NULL);
     close(l->efd);
     close(l->cfd);
     l->efd = l->cfd = -1;
@@ -57,109 +119,23 @@ static void give_back(struct pump *p, struct lane *l, const char *data, size_t n
     (void)w; /* an eventfd's counter only fails to take 1 at 2^64 - 2 */
 }
 
-static int is_hex(char c, unsigned *v) {
-    if (c >= '0' && c <= '9')
-        *v = (unsigned)(c - '0');
-    else if (c >= 'a' && c <= 'f')
-        *v = (unsigned)(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F')
-        *v = (unsigned)(c - 'A' + 10);
-    else
-        return 0;
-    return 1;
-}
-
-/* Whether one event's line has the key before a non-empty string (see _side.c steady_token:
- * any such place means Scan counts the event too). */
-static int carries(struct lane *l, const char *line, size_t n) {
-    const char *at = NULL;
-    if (l->hint + l->klen < n && memcmp(line + l->hint, l->key, l->klen) == 0)
-        at = line + l->hint;
-    else {
-        at = memmem(line, n, l->key, l->klen);
-        if (at == NULL)
-            return 0;
-        l->hint = (size_t)(at - line);
-    }
-    return at + l->klen < line + n && at[l->klen] != '"';
-}
-
-/* The events of one chunk's data if all are steady (single-line, no CR, carrying), else 0. */
-static long long events_in(struct lane *l, const char *d, size_t n) {
-    if (memchr(d, '\r', n) != NULL)
-        return 0;
-    long long count = 0;
-    size_t at = 0;
-    while (at < n) {
-        const char *nl = memchr(d + at, '\n', n - at);
-        if (nl == NULL)
-            return 0;
-        size_t end = (size_t)(nl - d);
-        if (end + 1 >= n || d[end + 1] != '\n' || !carries(l, d + at, end - at))
-            return 0;
-        count++;
-        at = end + 2;
-    }
-    return count;
-}
-
-/* The read as whole chunks of steady events: their data in iov[1..k]; the events; 0: not. */
-static int steady_read(struct lane *l, const char *b, size_t n, struct iovec *iov, long long *events) {
-    size_t at = 0;
-    int k = 0;
-    *events = 0;
-    while (at < n) {
-        size_t size = 0, digits = 0;
-        unsigned v;
-        while (at + digits < n && is_hex(b[at + digits], &v)) {
-            if (++digits > 8)
-                return 0;
-            size = size * 16 + v;
-        }
-        at += digits;
-        if (digits == 0 || size == 0 || n - at < 2 || b[at] != '\r' || b[at + 1] != '\n')
-            return 0;
-        at += 2;
-        if (n - at < size + 2 || b[at + size] != '\r' || b[at + size + 1] != '\n')
-            return 0;
-        long long c = events_in(l, b + at, size);
-        if (c == 0 || k == MAX_CHUNKS)
-            return 0;
-        iov[1 + k].iov_base = (void *)(b + at);
-        iov[1 + k].iov_len = size;
-        k++;
-        *events += c;
-        at += size + 2;
-    }
-    return k;
-}
-
-static void note(struct pump *p, struct lane *l, long long events) {
-    double now = now_s(), gap = now - l->last_t;
-    int i = 0;
-    while (i < p->nbounds && p->bounds[i] < gap) /* bisect_left */
-        i++;
-    l->gaps[i]++;
-    l->gap_total += gap;
-    l->last_t = now;
-    l->events += events;
-}
-
 /* The rest of a write the client did not take, handed back for Python to write first. */
-static void give_back_rest(struct pump *p, struct lane *l, struct iovec *iov, int niov, size_t sent) {
+static void give_back_rest(struct pump *p, struct lane *l, const struct iovec *iov, int niov,
+                           size_t sent) {
     size_t total = 0;
     for (int i = 0; i < niov; i++)
         total += iov[i].iov_len;
-    char *rest = malloc(total - sent), *w = rest;
+    size_t left = sent < total ? total - sent : 0;
+    char *rest = left ? malloc(left) : NULL, *w = rest;
     for (int i = 0; rest != NULL && i < niov; i++) {
         size_t len = iov[i].iov_len, skip = sent < len ? sent : len;
         sent -= skip;
-        memcpy(w, (char *)iov[i].iov_base + skip, len - skip);
+        memcpy(w, (const char *)iov[i].iov_base + skip, len - skip);
         w += len - skip;
     }
     give_back(p, l, NULL, 0, 1);
     p->partial++;
-    if (rest == NULL)
+    if (rest == NULL && left)
         l->broken = 1;
     l->back = rest;
     l->nback = rest != NULL ? (size_t)(w - rest) : 0;
@@ -174,34 +150,36 @@ static void serve(struct pump *p, struct lane *l) {
         give_back(p, l, NULL, 0, 0);
         return;
     }
-    struct iovec iov[MAX_CHUNKS + 2];
-    long long events;
-    int k = steady_read(l, p->buf, (size_t)r, iov, &events);
-    if (k == 0) {
-        give_back(p, l, p->buf, (size_t)r, 0);
+    size_t n = (size_t)r;
+    struct frame f = {.k = 0};
+    l->http.data = &f;
+    if (llhttp_execute(&l->http, p->buf, n) != HPE_OK || !at_boundary(&f, p->buf, n)) {
+        give_back(p, l, p->buf, n, 0); /* untouched: the loop's parser is where it was */
         return;
     }
-    char head[24];
+    struct iovec iov[MAX_PIECES + 2];
     size_t payload = 0;
-    for (int i = 1; i <= k; i++)
-        payload += iov[i].iov_len;
-    int first = 1, niov = k;
+    for (int i = 0; i < f.k; i++) {
+        iov[1 + i] = (struct iovec){(void *)f.pieces[i].at, f.pieces[i].n};
+        payload += f.pieces[i].n;
+    }
+    char head[24];
+    int first = 1, niov = f.k;
     if (l->framed) { /* one chunk, as the Python path writes one read */
         int h = snprintf(head, sizeof head, "%zx\r\n", payload);
-        iov[0].iov_base = head;
-        iov[0].iov_len = (size_t)h;
-        iov[k + 1].iov_base = (void *)"\r\n";
-        iov[k + 1].iov_len = 2;
+        iov[0] = (struct iovec){head, (size_t)h};
+        iov[f.k + 1] = (struct iovec){(void *)"\r\n", 2};
         first = 0;
-        niov = k + 2;
+        niov = f.k + 2;
     }
     struct msghdr msg = {.msg_iov = iov + first, .msg_iovlen = (size_t)niov};
     ssize_t sent = sendmsg(l->cfd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (sent < 0) { /* nothing went: Python writes it, and meets what the client did */
-        give_back(p, l, p->buf, (size_t)r, 0);
+        give_back(p, l, p->buf, n, 0);
         return;
     }
-    note(p, l, events);
+    l->events += progress_feed(l->progress, &p->bounds, &l->gaps, f.pieces, f.k, now_s());
+    l->reads++;
     p->served++;
     size_t total = payload + (l->framed ? iov[0].iov_len + 2 : 0);
     if ((size_t)sent < total)
@@ -238,6 +216,46 @@ static void *run(void *arg) {
         pthread_mutex_unlock(&p->mu);
     }
 }
+
+/* ---- fork: the live pumps' mutexes are free in the child, and the child knows it is one --- */
+
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct pump *live;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* Before fork(): every pump's mutex held by the forking thread, so that none is held by a
+ * relay thread, which the child will not have. */
+static void before_fork(void) {
+    pthread_mutex_lock(&live_mu);
+    for (struct pump *p = live; p != NULL; p = p->next)
+        pthread_mutex_lock(&p->mu);
+}
+
+static void after_fork_parent(void) {
+    for (struct pump *p = live; p != NULL; p = p->next)
+        pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void after_fork_child(void) {
+    for (struct pump *p = live; p != NULL; p = p->next) {
+        p->forked = 1;
+        p->running = p->started = 0;
+        pthread_mutex_unlock(&p->mu);
+    }
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void init_once(void) {
+    llhttp_settings_init(&settings);
+    settings.on_body = on_body;
+    settings.on_chunk_header = on_chunk_header;
+    settings.on_chunk_complete = on_chunk_complete;
+    settings.on_message_complete = on_message_complete;
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+/* ---- what Python calls (guard/_relay.c) ---------------------------------------------------- */
 
 void pump_release(struct pump *p, struct lane *l) {
     if (l->state == ADOPTED)
@@ -281,6 +299,7 @@ static int grow(struct pump *p) {
 }
 
 int pump_open(struct pump *p) {
+    pthread_once(&once, init_once);
     errno = 0;
     p->buf = malloc(READ_MAX);
     p->ep = epoll_create1(EPOLL_CLOEXEC);
@@ -297,19 +316,23 @@ int pump_open(struct pump *p) {
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old); /* born with every signal blocked: the main's */
     p->running = 1;
+    pthread_mutex_lock(&live_mu);
     int rc = pthread_create(&p->thread, &attr, run, p);
+    if (rc == 0) {
+        p->started = 1;
+        p->next = live;
+        live = p;
+    }
+    pthread_mutex_unlock(&live_mu);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
-    if (rc != 0) {
+    if (rc != 0)
         p->running = 0;
-        return rc;
-    }
-    p->started = 1;
-    return 0;
+    return rc;
 }
 
 void pump_stop(struct pump *p) {
-    if (!p->started)
+    if (!p->started || p->forked)
         return;
     pthread_mutex_lock(&p->mu);
     p->stopping = 1;
@@ -322,9 +345,17 @@ void pump_stop(struct pump *p) {
 }
 
 void pump_free(struct pump *p) {
-    for (int *fd = &p->ep; fd <= &p->stop; fd++)
-        if (*fd >= 0)
-            close(*fd);
+    pthread_mutex_lock(&live_mu);
+    for (struct pump **at = &live; *at != NULL; at = &(*at)->next)
+        if (*at == p) {
+            *at = p->next;
+            break;
+        }
+    pthread_mutex_unlock(&live_mu);
+    int fds[] = {p->ep, p->wake, p->stop};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
+        if (fds[i] >= 0)
+            close(fds[i]); /* (a forked child's copies: the parent's stay open) */
     free(p->table);
     free(p->queue);
     free(p->gens);
@@ -333,11 +364,13 @@ void pump_free(struct pump *p) {
 }
 
 int pump_adopt(struct pump *p, struct lane *l) {
+    if (parser_at_boundary(l) < 0)
+        return -1;
     pthread_mutex_lock(&p->mu);
     uint32_t s = 0;
     while (s < p->cap && p->table[s] != NULL)
         s++;
-    int ok = p->running && (s < p->cap || grow(p) == 0);
+    int ok = p->running && !p->forked && (s < p->cap || grow(p) == 0);
     if (ok) {
         struct epoll_event ev = {.events = EPOLLIN,
                                  .data.u64 = ((uint64_t)++p->gens[s] << 32) | s};
