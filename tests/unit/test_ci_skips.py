@@ -65,16 +65,20 @@ def test_in_ci_a_run_with_other_skips_fails_naming_each(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_inner=INNER)
+    pytester.makepyfile(
+        test_inner=INNER,
+        test_whole_module='import pytest\n\npytest.importorskip("no_such_module_here")\n',
+    )
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # the inner run needs none
     monkeypatch.setenv("CI", "true")
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.assert_outcomes(passed=1, skipped=4)
-    lines = [line for line in result.outlines if line.startswith("CI: ")]
-    assert len(lines) == 2, result.outlines
+    result.assert_outcomes(passed=1, skipped=5)
+    lines = sorted(line for line in result.outlines if line.startswith("CI: "))
+    assert len(lines) == 3, result.outlines
     assert "test_no_tool skipped (py-spy not installed)" in lines[0]
     assert "test_not_root skipped (needs root to drop privileges)" in lines[1]
+    assert "test_whole_module.py skipped (could not import 'no_such_module_here'" in lines[2]
 
 
 def test_outside_ci_skips_pass_and_in_ci_gpu_skips_pass(
