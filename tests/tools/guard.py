@@ -301,23 +301,10 @@ async def slow_reader(
     await asyncio.sleep(pause_s)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # now read it all, quickly
     async with asyncio.timeout(read_s):
-        while True:
-            # The window stays unscaled (its scale is fixed at connect, from the 4 KiB buffer):
-            # with delayed ACKs each 64 KiB window waits 40 ms for its ACK (64 MiB: 40-55 s).
-            # Acked at once, the same bytes take a second or two.
-            _quickack(sock)
-            if not (chunk := await loop.sock_recv(sock, 65536)):
-                break
+        while chunk := await loop.sock_recv(sock, 65536):
             data += chunk
     sock.close()
     return data
-
-
-def _quickack(sock: socket.socket) -> None:
-    """Linux's TCP_QUICKACK (not sticky: set before each read); elsewhere nothing."""
-    quickack = getattr(socket, "TCP_QUICKACK", None)
-    if quickack is not None:
-        sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
 
 
 @contextlib.asynccontextmanager
