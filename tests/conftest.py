@@ -11,6 +11,9 @@ rewriting ``item._nodeid``, which pytest 9.2 no longer reads (``Node.nodeid`` co
 ``_id``), so the marker is silently ignored and e2e modules ran in both workers at once.
 This scheduler is xdist's own LoadGroupScheduling with the group taken from the path instead
 of the node id's ``@group`` suffix (tests/unit/test_scheduling.py keeps it true).
+
+In CI (``CI`` set, as ``.ci/run`` does) a skipped test fails the run unless its reason names a
+missing GPU (tests/tools/ci_skips.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+from tests.tools.ci_skips import CiSkips, in_ci
 
 SAME_WORKER = {
     "tests/e2e/": "e2e",  # real vLLMs: one at a time
@@ -38,3 +43,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return next((g for p, g in SAME_WORKER.items() if nodeid.startswith(p)), nodeid)
 
     return OneWorkerForE2E(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if in_ci() and not hasattr(config, "workerinput"):  # xdist's controller, or a plain run
+        config.pluginmanager.register(CiSkips(), "ci-skips")

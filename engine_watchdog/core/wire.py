@@ -119,16 +119,22 @@ def wire_stall(
     """Stalled on the wire's evidence: streams open and silent beyond the engine's pace, the
     metrics flat for half that (``quiet_since``), and the engine's processes stopped, or idle
     with no GPU computing. Without process evidence (a guard far from the engine) the wire
-    alone never calls a stall this early: a long step looks the same from outside."""
+    alone never calls a stall this early: a long step looks the same from outside.
+
+    An engine process stopped (state T) since the last event is silent whatever its pace: the
+    pace only tells a slow step from a lost one, and a stopped process takes no step at all.
+    So there the floor alone is the window. Ten times the p99 gap would put a real vLLM on
+    2 CPU cores, whose p99 gap is 0.5-1 s under load (new requests' prefills hold a step),
+    at 10 s, no sooner than the metrics' own --fast-stall-seconds."""
     if quiet_since is None or wire.last_event_t is None or not wire.silent_streams(t):
         return None
-    window = wire.gaps.threshold(floor_s)
     since = wire.last_event_t
-    silent = t - since
-    if silent < window or t - quiet_since < window / 2:
-        return None
     finding = signals.host_quiet(since)
     if finding is None:
+        return None
+    window = floor_s if finding.cause is Cause.STOPPED else wire.gaps.threshold(floor_s)
+    silent = t - since
+    if silent < window or t - quiet_since < window / 2:
         return None
     note = f"no event on the wire for {silent:.1f} s with streams open; {finding.evidence}"
     return WireStall(finding.cause, note)

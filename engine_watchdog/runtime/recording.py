@@ -2,9 +2,15 @@
 the round's records on their way to it and to the incident timeline.
 
 The file is private (0600, like everything the watchdog writes: traces hold the engine's
-process titles and errors). A trace that cannot be opened is bad input (exit 73, one line); one
-that cannot be written later (a full disk) stops the recording, said once, and the watching
-goes on: a watchdog must not stop watching for the sake of its own trace.
+process titles and errors). A title's absolute paths are written without their directories
+(``<dir>/python -m vllm... --model <dir>/Llama-3.1-8B``): a trace travels (a bug report, the
+test corpus), its replay reads each process's role and state and never a path, and a checkout's
+or a home's directories name a machine and its user. The incident bundles, which stay on the
+machine, keep the whole command lines.
+
+A trace that cannot be opened is bad input (exit 73, one line); one that cannot be written
+later (a full disk) stops the recording, said once, and the watching goes on: a watchdog must
+not stop watching for the sake of its own trace.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -21,6 +28,26 @@ from typing import Any
 from engine_watchdog.core.settings import CannotWriteError
 
 log = logging.getLogger(__name__)
+_DIRECTORIES = re.compile(r"""(?<![^\s=:,'"(])/(?:[^\s/=:,'"()]+/)+""")
+"""An absolute path's directories: after a start, a space, ``=``, ``:`` (``--model=/m``,
+``PATH=/a:/b``), a comma, a quote or a parenthesis, never inside a URL (``http://h/v1``)."""
+DIRECTORIES = "<dir>/"
+
+
+def portable_title(title: str) -> str:
+    """``/srv/venv/bin/python -m x --model /d/m`` -> ``<dir>/python -m x --model <dir>/m``."""
+    return _DIRECTORIES.sub(DIRECTORIES, title)
+
+
+def portable(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record as a trace keeps it: a ``procs`` record's titles portable, the rest as is."""
+    if rec.get("kind") != "procs" or not isinstance(rec.get("procs"), list):
+        return rec
+    procs = [
+        {**p, "title": portable_title(p["title"])} if isinstance(p.get("title"), str) else p
+        for p in rec["procs"]
+    ]
+    return {**rec, "procs": procs}
 
 
 class TraceWriter:
@@ -43,7 +70,7 @@ class TraceWriter:
         if self.error is not None:
             return
         try:
-            self._file.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            self._file.write(json.dumps(portable(rec), separators=(",", ":")) + "\n")
             self._file.flush()
         except OSError as exc:
             self.error = exc

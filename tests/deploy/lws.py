@@ -1,9 +1,9 @@
 """The LeaderWorkerSet renderings (multi-node vLLM): the Helm chart with ``lws.enabled`` and the
 kustomize overlay ``lws``, and the LWS CRD's own schema to validate them against.
 
-The CRD is read from a git directory of github.com/kubernetes-sigs/lws
-(config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml at HEAD), never copied into
-this repository, as tests/deploy/manifests.py reads production-stack's chart.
+The CRD is github.com/kubernetes-sigs/lws's
+config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml, vendored verbatim under
+tests/data/vendor/lws/ at the commit its SOURCE.md names (tests/data/vendor/refresh.sh).
 
 The shared assertion set (tests/deploy/pod_checks.py) reads Deployments; each template of a
 LeaderWorkerSet is handed to it as one, with what LWS gives the pods it makes (its labels) and
@@ -13,23 +13,25 @@ what each pod uses of the rest: the leader everything, a worker the Secrets (its
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 from dataclasses import dataclass, replace
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-from tests.deploy.manifests import CHART, Expect, Obj, Rendering, render_chart, render_kustomize
+from tests.deploy.manifests import (
+    CHART,
+    VENDOR,
+    Expect,
+    Obj,
+    Rendering,
+    render_chart,
+    render_kustomize,
+)
 from tests.deploy.tools import KUBERNETES_DIR
 
-LWS_ENV = "ENGINE_WATCHDOG_LWS_GIT"
-LWS_GIT = Path("/work/.mirror/kubernetes-sigs+lws/repo")
-CRD_PATH = "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+CRD = VENDOR / "lws" / "config" / "crd" / "bases" / "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 KIND = "LeaderWorkerSet"
 PEER_PORT = 9401
 PEER_SECRET_FILE = "/var/run/engine-watchdog/peer/secret"
@@ -42,28 +44,12 @@ WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 
 
 # ---- the CRD ----------------------------------------------------------------------------
-def crd_schema() -> Obj:
-    """The LeaderWorkerSet CRD's openAPIV3Schema (its served version); skip when no lws git
-    directory is there."""
-    git_dir = Path(os.environ.get(LWS_ENV) or LWS_GIT)
-    if not (git_dir / "HEAD").exists():
-        pytest.skip(
-            f"no kubernetes-sigs/lws git directory at {git_dir} (set {LWS_ENV} to a clone of "
-            "github.com/kubernetes-sigs/lws): its CRD is not vendored here"
-        )
-    return _crd_schema(str(git_dir))
-
-
 @cache
-def _crd_schema(git_dir: str) -> Obj:
-    text = subprocess.run(
-        ["git", f"--git-dir={git_dir}", "show", f"HEAD:{CRD_PATH}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    crd = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # 18k lines
+def crd_schema() -> Obj:
+    """The LeaderWorkerSet CRD's openAPIV3Schema (its storage version), made strict."""
+    crd = yaml.load(
+        CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    )  # 18k lines
     (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
     schema: Obj = strict(version["schema"]["openAPIV3Schema"])
     return schema

@@ -9,12 +9,8 @@ tests/deploy/pod_checks.py holds the one assertion set all of them pass.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import tarfile
 from dataclasses import dataclass, field
 from functools import cache
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +22,10 @@ from tests.deploy.tools import DEPLOY, KUBERNETES_DIR, OVERLAYS, run, tool
 Obj = dict[str, Any]
 CHART = DEPLOY / "helm" / "engine-watchdog"
 POST_RENDERER = DEPLOY / "helm" / "post-renderer" / "engine-watchdog-post-render"
-PRODUCTION_STACK_ENV = "ENGINE_WATCHDOG_PRODUCTION_STACK_GIT"
-PRODUCTION_STACK_GIT = Path("/work/.mirror/vllm-project+production-stack/repo")
-"""A git directory of github.com/vllm-project/production-stack (its chart is read from HEAD,
-never copied into this repository)."""
+VENDOR = Path(__file__).resolve().parents[1] / "data" / "vendor"
+PRODUCTION_STACK_CHART = VENDOR / "production-stack" / "helm"
+"""vLLM production-stack's chart (github.com/vllm-project/production-stack, helm/), vendored at
+the commit its SOURCE.md names: what `helm template` reads of it (tests/data/vendor/refresh.sh)."""
 _MODEL: Obj = {
     "name": "opt125m", "repository": "vllm/vllm-openai", "tag": "latest",
     "modelURL": "facebook/opt-125m", "replicaCount": 1, "requestCPU": 6,
@@ -152,25 +148,6 @@ HELM_VALUES: dict[str, tuple[Obj, Expect]] = {
 
 
 # ---- production-stack through the post-renderer ------------------------------------------
-def production_stack_chart(into: Path) -> Path:
-    """production-stack's chart (helm/) from its git HEAD into ``into``; skip if absent."""
-    git_dir = Path(os.environ.get(PRODUCTION_STACK_ENV) or PRODUCTION_STACK_GIT)
-    if not (git_dir / "HEAD").exists():
-        pytest.skip(
-            f"no production-stack git directory at {git_dir} (set {PRODUCTION_STACK_ENV} to a "
-            "clone of github.com/vllm-project/production-stack): its chart is not vendored here"
-        )
-    archive = subprocess.run(
-        ["git", f"--git-dir={git_dir}", "archive", "--format=tar", "HEAD", "helm"],
-        capture_output=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return into / "helm"
-
-
 EXAMPLE_VALUES = DEPLOY / "helm" / "examples" / "production-stack.yaml"
 POST_RENDER_VALUES: dict[str, tuple[str, Obj, Expect]] = {
     # the documented example values file, over production-stack's secure example

@@ -67,9 +67,10 @@ def gitops_values(name: str, **more: Any) -> Obj:
 
 
 @pytest.fixture(scope="module")
-def stack_rendered(tmp_path_factory: pytest.TempPathFactory) -> str:
-    chart = m.production_stack_chart(tmp_path_factory.mktemp("production-stack"))
-    return m.render_chart_text(chart, m.PRODUCTION_STACK_VALUES["secure"], "vllm")
+def stack_rendered() -> str:
+    return m.render_chart_text(
+        m.PRODUCTION_STACK_CHART, m.PRODUCTION_STACK_VALUES["secure"], "vllm"
+    )
 
 
 GITOPS_CASES: dict[str, tuple[Obj, m.Expect]] = {

@@ -23,8 +23,8 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def stack_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return m.production_stack_chart(tmp_path_factory.mktemp("production-stack"))
+def stack_chart() -> Path:
+    return m.PRODUCTION_STACK_CHART
 
 
 @pytest.mark.parametrize("name", list(m.HELM_VALUES))

@@ -20,8 +20,8 @@ RENDERINGS = (
 
 
 @pytest.fixture(scope="module")
-def stack_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return m.production_stack_chart(tmp_path_factory.mktemp("production-stack"))
+def stack_chart() -> Path:
+    return m.PRODUCTION_STACK_CHART
 
 
 @pytest.fixture(scope="module")

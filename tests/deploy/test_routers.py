@@ -24,8 +24,8 @@ GUARD_ARGS = ["--k8s-port", "8001"]  # docs/guard.md#behind-a-router, production
 
 
 @pytest.fixture(scope="module")
-def stack_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return m.production_stack_chart(tmp_path_factory.mktemp("production-stack"))
+def stack_chart() -> Path:
+    return m.PRODUCTION_STACK_CHART
 
 
 def stack_with_guard(stack_chart: Path, router_args: list[str]) -> list[Obj]:

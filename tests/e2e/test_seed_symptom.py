@@ -53,6 +53,10 @@ def vllm_version(request: pytest.FixtureRequest) -> str:
 
 STALL_S = 10.0
 DETECT_BOUND_S = STALL_S + 5.0
+LOAD_TOKENS = 200
+"""Per request of the streaming load (its clients keep sending: requests are in flight at any
+moment); after SIGCONT those in flight must complete, and 200 tokens drain in half the time of
+400."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ async def test_check_on_idle_server_exits_0(vllm_server: VllmServer) -> None:
 
 async def test_sigstopped_engine_core_under_load_is_stalled(vllm_server: VllmServer) -> None:
     url = vllm_server.base_url
-    async with StreamingLoad(url, clients=4, max_tokens=400) as load:
+    async with StreamingLoad(url, clients=4, max_tokens=LOAD_TOKENS) as load:
         await load.wait_for(chunks=50, in_flight=2, timeout=60)
         healthy = await run_check(url, bound_s=DETECT_BOUND_S + 10)
         assert healthy.code == 0, healthy.output
@@ -183,7 +187,7 @@ def test_engine_core_is_found(vllm_server: VllmServer) -> None:
 
 
 async def test_sigstop_freezes_tokens_while_health_stays_200(vllm_server: VllmServer) -> None:
-    async with StreamingLoad(vllm_server.base_url, clients=4, max_tokens=400) as load:
+    async with StreamingLoad(vllm_server.base_url, clients=4, max_tokens=LOAD_TOKENS) as load:
         await load.wait_for(chunks=50, in_flight=2, timeout=60)
         async with engine_core_stopped(vllm_server):
             await asyncio.sleep(1.0)  # outputs already in the pipes drain first

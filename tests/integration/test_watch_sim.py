@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from tests.integration.conftest import SimFactory, SimHttp
 from tests.tools.cli import run_cli
 from tests.tools.watch import get, metric
 from tests.waiting import eventually
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def test_watch_reports_the_freeze_serves_its_endpoints_and_records_a_trace(
@@ -45,6 +48,17 @@ async def test_watch_reports_the_freeze_serves_its_endpoints_and_records_a_trace
     assert (
         abs(replay.json()["first_stall_t"] - stalled["t"]) < 1e-6
     )  # the same verdict, bit for bit
+    # The API server runs as `<this venv>/bin/python -m engine_watchdog.sim`: the trace keeps
+    # its title without the directories, which name this machine (runtime/recording.py).
+    titles = [
+        p["title"]
+        for line in trace.read_text().splitlines()
+        if (rec := json.loads(line)).get("kind") == "procs"
+        for p in rec["procs"]
+    ]
+    server = f"<dir>/{Path(sys.executable).name} -m engine_watchdog.sim"
+    assert any(t.startswith(server) for t in titles), titles[:3]
+    assert not [t for t in titles if str(REPO) in t or str(Path(sys.executable).parent) in t]
 
 
 async def test_watch_says_engine_dead_when_the_engine_core_crashes(

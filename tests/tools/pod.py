@@ -48,7 +48,7 @@ REAPER = (
 )
 """PID 1 of the pod: it first makes each given folder reachable in the pod's own mount
 namespace (a folder inside a parent other users may not enter, such as a Python under
-/root/.pyenv, is bound onto a world-readable tmpfs laid over that parent: what a container
+root's ~/.pyenv, is bound onto a world-readable tmpfs laid over that parent: what a container
 image with its Python in /usr gives), then reaps orphans until it is killed."""
 CAP_SYS_PTRACE_BIT = 19
 START_TIMEOUT_S = 10.0
@@ -190,7 +190,7 @@ class Pod:
 
 def unreachable_folder(path: Path) -> Path | None:
     """The folder to expose so that other UIDs can run ``path``: the child of its first
-    ancestor that others may not enter (e.g. /root/.pyenv for a pyenv Python); None if none."""
+    ancestor that others may not enter (e.g. root's ~/.pyenv for a pyenv Python); None if none."""
     real = path.resolve()
     for parent in real.parents:
         if parent.parent != parent and not parent.parent.stat().st_mode & 0o001:

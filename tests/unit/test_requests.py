@@ -137,8 +137,15 @@ def procs(t: float, state: str = "sleeping", cpu_s: float = 1.0) -> ProcsObs:
     return ProcsObs(T0 + t, (ProcInfo(11, 10, "engine-core", "VLLM::EngineCore", state, cpu_s),))
 
 
-def freeze_at(freeze: float, seconds: int, state: str, cpu_per_s: float) -> list[Observation]:
-    """Streaming load whose events stop at ``freeze``: scrapes, processes, guard rounds."""
+def freeze_at(
+    freeze: float,
+    seconds: int,
+    state: str,
+    cpu_per_s: float,
+    pace: tuple[int, ...] = gaps(b0_05=40),
+) -> list[Observation]:
+    """Streaming load whose events stop at ``freeze``: scrapes, processes, guard rounds, each
+    round's gaps ``pace``."""
     out: list[Observation] = []
     tokens = 0.0
     for t in range(seconds):
@@ -148,8 +155,19 @@ def freeze_at(freeze: float, seconds: int, state: str, cpu_per_s: float) -> list
         out.append(ScrapeObs(T0 + t, (sample,), status=200))
         out.append(procs(t + 0.1, "running" if moving else state, 1.0 + cpu_per_s * t))
         last = min(t, freeze)
-        out.append(GuardObs(T0 + t + 0.2, 4, 4, 40 if moving else 0, 0, T0 + last, gaps(b0_05=40)))
+        out.append(GuardObs(T0 + t + 0.2, 4, 4, 40 if moving else 0, 0, T0 + last, pace))
     return out
+
+
+SLOW_PACE = gaps(b0_1=96, b1_0=2)
+"""2% of the gaps between 0.5 and 1 s: a p99 of 1 s, so 10 x p99 is 10 s (a real vLLM on 2 CPU
+cores under load: new requests' prefills hold a step)."""
+
+
+def first_stall(seen: list[tuple[float, str, str | None]]) -> tuple[float, str | None]:
+    stalls = [(t, c) for t, s, c in seen if s == "stalled"]
+    assert stalls, seen
+    return stalls[0]
 
 
 def test_a_frozen_engine_under_streaming_load_is_stalled_within_6_s_of_its_last_event() -> None:
@@ -161,6 +179,19 @@ def test_a_frozen_engine_under_streaming_load_is_stalled_within_6_s_of_its_last_
         assert t - 20.0 <= 6.0 and cause in ("stopped", "host-deadlock"), seen
         after = [s for t2, s, _ in seen if t2 > t]
         assert "suspect" not in after and "progressing" not in after, seen  # no flapping
+
+
+def test_a_stopped_engine_is_stalled_at_the_floor_whatever_its_pace() -> None:
+    """Stopped (state T) since the last event: no step can come, however slow the engine's
+    pace was; an idle one may be in a slow step still: 10 x its p99 gap."""
+    t, cause = first_stall(
+        run(freeze_at(20.0, 45, "stopped", 0.0, SLOW_PACE), startup_grace_seconds=0)[1]
+    )
+    assert (cause, t - 20.0 <= 6.0) == ("stopped", True), (t, cause)
+    t, cause = first_stall(
+        run(freeze_at(20.0, 45, "sleeping", 0.001, SLOW_PACE), startup_grace_seconds=0)[1]
+    )
+    assert cause == "host-deadlock" and t - 20.0 >= 10.0, (t, cause)
 
 
 def test_the_wire_alone_never_calls_a_busy_engine_stalled_early() -> None:

@@ -22,7 +22,7 @@ from engine_watchdog.core.model import (
 )
 from engine_watchdog.engines import VLLM
 from engine_watchdog.probes.metrics import RawScrape, parse_scrape
-from engine_watchdog.runtime.recording import TraceWriter
+from engine_watchdog.runtime.recording import TraceWriter, portable_title
 from engine_watchdog.runtime.trace import decode, encode, encode_scrape, read_trace
 
 T = 1_796_016_666.25
@@ -155,6 +155,40 @@ def test_writer_and_reader_agree_on_a_file(tmp_path: Path) -> None:
     assert all(json.loads(line)["v"] == 1 for line in lines)
     # Read back in time order, as the format promises (equal times keep their line order).
     assert list(read_trace(lines, VLLM)) == sorted(expected, key=lambda o: o.t)
+
+
+@pytest.mark.parametrize(
+    ("title", "written"),
+    [
+        (
+            "/srv/app/.venv/bin/python -m vllm.entrypoints.openai.api_server "
+            "--model /data/models/Llama-3.1-8B --port 8000",
+            "<dir>/python -m vllm.entrypoints.openai.api_server --model <dir>/Llama-3.1-8B "
+            "--port 8000",
+        ),
+        ("python x --model=/d/m PATH=/a/b:/c/d", "python x --model=<dir>/m PATH=<dir>/b:<dir>/d"),
+        ('sh -c "/usr/bin/env vllm serve"', 'sh -c "<dir>/env vllm serve"'),
+        (
+            "vllm serve m --url http://127.0.0.1:8000/v1",
+            "vllm serve m --url http://127.0.0.1:8000/v1",
+        ),
+        ("VLLM::EngineCore", "VLLM::EngineCore"),
+        ("python rel/dir/x.py /tmp", "python rel/dir/x.py /tmp"),
+    ],
+)
+def test_a_trace_keeps_no_directory_of_a_title_s_absolute_paths(
+    title: str, written: str, tmp_path: Path
+) -> None:
+    """They name a machine and its user, and replay reads roles and states, never paths; what
+    the watcher keeps live (the bundles' timeline) is left whole."""
+    assert portable_title(title) == written
+    live = encode(ProcsObs(T, (ProcInfo(7, 1, "api-server", title, "sleeping", 1.0),)))
+    writer = TraceWriter(tmp_path / "trace.jsonl")
+    writer.write(live)
+    writer.close()
+    (line,) = (tmp_path / "trace.jsonl").read_text().splitlines()
+    assert json.loads(line)["procs"][0]["title"] == written
+    assert live["procs"][0]["title"] == title
 
 
 def test_writer_appends(tmp_path: Path) -> None:
