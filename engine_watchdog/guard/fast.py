@@ -316,8 +316,10 @@ class EngineSide(asyncio.Protocol):
         queued = 0
         if client is not None and not client.transport.is_closing():
             queued = client.transport.get_write_buffer_size()
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        waiting = pending(sock.fileno()) if sock is not None else -1
+        waiting = -1
+        if transport is not None and not transport.is_closing():
+            sock = transport.get_extra_info("socket")
+            waiting = pending(sock.fileno()) if sock is not None else -1
         reading = self.lane is not None or (transport is not None and transport.is_reading())
         return Held(self.lane is not None, reading, waiting, queued)
 

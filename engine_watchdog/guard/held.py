@@ -55,11 +55,13 @@ class Path(Protocol):
 
 
 def pending(sock_fd: int) -> int:
-    """Bytes in a socket's receive queue (FIONREAD), or -1."""
+    """Bytes in a socket's receive queue (FIONREAD), or -1 (unknown, or the socket closed)."""
+    if sock_fd < 0:
+        return -1
     out = array.array("i", [0])
     try:
         fcntl.ioctl(sock_fd, termios.FIONREAD, out, True)
-    except OSError:
+    except (OSError, ValueError):
         return -1
     return out[0]
 
@@ -117,7 +119,12 @@ class SelfCheck:
         for ex in held:
             if ex.self_checked:
                 continue
-            why = violation(ex, now, self.limit_s)
+            try:
+                why = violation(ex, now, self.limit_s)
+            except Exception:  # the check must never take the probe round down with it
+                log.exception("guard self-check: reading request %s failed", ex.key)
+                ex.self_checked = True
+                continue
             if why is None:
                 continue
             ex.self_checked = True

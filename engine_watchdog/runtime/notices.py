@@ -4,6 +4,7 @@ these repeat every round and a log that says the same line every second says not
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Iterable
 
@@ -45,6 +46,12 @@ class Notices:
             return False
         if not isinstance(result, Exception):
             raise result
+        if isinstance(result, OSError) and result.errno in (errno.EMFILE, errno.ENFILE):
+            if self.once("probe-raised:no-descriptor"):  # no bug: the process's own limit
+                fix = "raise the watchdog's open files limit (ulimit -n)"
+                log.error("%s: a probe failed: no file descriptor left (%s); %s",
+                          self.target, result.strerror, fix)  # fmt: skip
+            return True
         if self.once(f"probe-raised:{type(result).__name__}"):
             log.error("%s: a probe failed: %r", self.target, result, exc_info=result)
         return True

@@ -19,9 +19,11 @@ PROMETHEUS_OWN = 9090  # Prometheus' own listen port (federation example), not o
 # Where a number is a port: host:port, ":port" alone, "port ... N" (port, --port, guard port, ...),
 # and the YAML keys that hold one.
 PORT_PATTERNS = (
-    # (a file:line such as torch/cuda/__init__.py:1162 is not one)
+    # (a file:line such as torch/cuda/__init__.py:1162 is not one, nor a step of
+    # benchmarks/scale.py such as freeze:1536:3 or direct:4096x100)
     re.compile(
-        r"(?:127\.0\.0\.1|0\.0\.0\.0|localhost|\b[a-z][a-z0-9.-]*)(?<!\.py)(?<!\.md):(\d{2,5})\b"
+        r"(?:127\.0\.0\.1|0\.0\.0\.0|localhost|\b[a-z][a-z0-9.-]*)"
+        r"(?<!\.py)(?<!\.md)(?<!freeze)(?<!direct):(\d{2,5})\b"
     ),
     re.compile(r"(?:^|[\s(`])[:](\d{4,5})\b"),
     re.compile(r"\bport\b[^\n.;|]{0,25}?\b(\d{4,5})\b", re.I),
@@ -134,4 +136,6 @@ def test_the_port_finder_has_teeth() -> None:
     text = "the sidecar listens on 0.0.0.0:8002; its guard port, 8003, and `:8004`\n"
     assert sorted(p for _, p in doc_ports(text)) == [8002, 8003, 8004]
     assert not doc_ports("torch/cuda/__init__.py:1162 and docs/guard.md:250")
+    assert not doc_ports("--steps 1536x25,freeze:1536:3,direct:4096x100")
+    assert doc_ports("curl http://freezer:1536/metrics") == [(1, 1536)]
     assert CLAIMS_A_DEFAULT_GUARD.search("has the guard port, 8001, listening but idle")

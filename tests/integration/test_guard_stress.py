@@ -107,10 +107,12 @@ async def test_sigterm_mid_stream_ends_every_stream_whole_or_with_the_error_even
 
 
 async def test_a_guard_out_of_descriptors_keeps_every_client_answered_then_serves_again() -> None:
-    """The installed guard with 64 open files at most and 40 streams at once: what cannot be
-    accepted waits in the listen queue, what cannot reach the engine is answered at once (503,
-    the guard's own limit named), what the thread cannot take stays on the event loop; no
-    client hangs, and once the burst is over a stream passes whole."""
+    """The installed guard with 64 open files at most and 40 streams at once: what cannot reach
+    the engine is answered at once (503, the guard's own limit named), what cannot be accepted
+    is closed at once (uvloop's libuv accepts and closes a connection it has no descriptor
+    for, so that its loop does not spin: the client sees a reset, never a wait), what the
+    thread cannot take stays on the event loop; no client hangs, and once the burst is over a
+    stream passes whole."""
     engine = guard_stress.Engine()
     server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
     engine.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
@@ -126,14 +128,21 @@ async def test_a_guard_out_of_descriptors_keeps_every_client_answered_then_serve
         server.close()
     assert after == guard_stress.plan(seeds[40]).body
     kinds = {k for k, _ in burst}
-    assert kinds <= {"whole", "503"}, burst
+    assert kinds <= {"whole", "503", "reset"}, burst
     assert all(ok for k, ok in burst if k == "whole")
     assert all("open files" in str(why) for k, why in burst if k == "503"), burst
-    print(f"\n[stress] 64 descriptors: {sum(k == 'whole' for k, _ in burst)} whole, "
-          f"{sum(k == '503' for k, _ in burst)} answered 503")  # fmt: skip
+    counts = {k: sum(1 for kind, _ in burst if kind == k) for k in ("whole", "503", "reset")}
+    print(f"\n[stress] 64 descriptors: {counts}")
 
 
 async def outcome(url: str, seed: int) -> tuple[str, object]:
+    try:
+        return await _outcome(url, seed)
+    except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+        return "reset", repr(exc)
+
+
+async def _outcome(url: str, seed: int) -> tuple[str, object]:
     async with (
         aiohttp.ClientSession() as s,
         s.post(

@@ -383,9 +383,9 @@ def test_a_fork_while_the_thread_relays_never_leaves_the_child_a_locked_mutex() 
             except OSError:
                 return
 
+    floods = [threading.Thread(target=flood, args=(p,), daemon=True) for p in pairs]
     try:
         lanes = [r.adopt(p) for p in pairs]
-        floods = [threading.Thread(target=flood, args=(p,), daemon=True) for p in pairs]
         for t in floods:
             t.start()
 
@@ -401,6 +401,9 @@ def test_a_fork_while_the_thread_relays_never_leaves_the_child_a_locked_mutex() 
         assert r.pump.counts()[0] > 30  # (the thread was serving all along)
     finally:
         stop.set()
+        for t in floods:  # (before the sockets close under them)
+            if t.is_alive():
+                t.join(10)
         r.pump.close()
         for p in pairs:
             p.close()
