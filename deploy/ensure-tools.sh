@@ -5,6 +5,8 @@
 #   podman, runc          <- packages podman, runc (tests/deploy/test_image_podman.py builds and
 #                            runs deploy/Dockerfile; runc because crun fails on some hosts' cgroups)
 #   debootstrap           <- package debootstrap (the stand-in base image: no registry here)
+#   eu-stack              <- package elfutils (native stacks of engines that are not Python:
+#                            llama.cpp's llama-server; capture/native.py)
 # Idempotent (a no-op in well under a second when everything is there), quiet on success,
 # bounded (every apt-get runs under `timeout`); the packages' services are not started.
 # kubectl is checked, not installed: Debian has no package for it.
@@ -18,6 +20,7 @@ need=()
 have podman || need+=(podman)
 have runc || need+=(runc)
 have debootstrap || need+=(debootstrap)
+have eu-stack || need+=(elfutils)
 
 if ((${#need[@]})); then
     sudo=()
@@ -47,7 +50,7 @@ if ((${#need[@]})); then
     done
     have alertmanager || have prometheus-alertmanager ||
         { echo "ensure-tools: alertmanager still missing after apt-get install" >&2; exit 1; }
-    for t in podman runc debootstrap; do
+    for t in podman runc debootstrap eu-stack; do
         have "$t" || { echo "ensure-tools: $t still missing after apt-get install" >&2; exit 1; }
     done
 fi
