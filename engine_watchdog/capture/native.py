@@ -65,7 +65,10 @@ def parse_eu_stack(text: str, pid: int, proc_root: Path = Path("/proc")) -> list
         frame = _FRAME.match(line.strip())
         if frame and threads:
             rest = frame.group(2) or ""
-            func, _, module = rest.rpartition(" - ") if " - " in rest else (rest, "", "")
+            if rest.startswith("- "):  # no symbol: the address and its module only
+                func, module = "", rest[2:]
+            else:
+                func, _, module = rest.rpartition(" - ") if " - " in rest else (rest, "", "")
             func = func.strip().split("@", 1)[0] or f"0x{frame.group(1)}"
             threads[-1]["frames"].append(
                 {"name": func, "filename": module.strip(), "line": 0, "module": module.strip()}
