@@ -33,6 +33,7 @@ from tests.tools.llama_server import (
     stop,
     wait_ready,
 )
+from tests.tools.llama_server_build import LOCK_TIMEOUT_S as LLAMA_LOCK_TIMEOUT_S
 from tests.tools.llama_server_build import ensure_llama_server
 from tests.tools.make_tiny_gguf import write_tiny_gguf
 from tests.tools.vllm_env import (
@@ -65,7 +66,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     goes last: its server is compiled in the background from the suite's start (minutes on a
     fresh machine; make test), and the vLLM modules before it leave that build the time."""
     for item in items:
-        if item.get_closest_marker("e2e") is not None:
+        if item.path.name == LLAMACPP_MODULE:
+            # Its first test may wait on the background build's lock, which is bounded itself.
+            item.add_marker(pytest.mark.timeout(LLAMA_LOCK_TIMEOUT_S + 300))
+        elif item.get_closest_marker("e2e") is not None:
             item.add_marker(pytest.mark.timeout(900))
     items.sort(key=lambda item: item.path.name == LLAMACPP_MODULE)
 
