@@ -372,6 +372,16 @@ async def test_guard_relays_llamacpp_streams_and_answers_them_in_a_stall(
             # 40 token events, then llama.cpp's last one with finish_reason (and empty text)
             assert direct.done and guarded.done and guarded.tokens == direct.tokens == 41
             assert [_framing(e) for e in guarded.events] == [_framing(e) for e in direct.events]
+            # llama.cpp's own endpoint: `data: {"content": ...}` events, the last with
+            # "stop": true, and no [DONE]: the stream simply ends.
+            native = {"prompt": "Hello", "n_predict": 30, "stream": True, "ignore_eos": True}
+            native |= {"temperature": 0.0, "seed": 1}  # the same tokens, so the same events
+            straight, through = await asyncio.gather(
+                _native_stream(session, server.base_url, native),
+                _native_stream(session, guard.guard_url, native),
+            )
+            assert len(through) == len(straight) > 1 and b'"stop":true' in through[-1]
+            assert [_framing(e) for e in through] == [_framing(e) for e in straight]
 
             long = asyncio.create_task(
                 stream(session, guard.guard_url, completion(SERVED_MODEL, 100000), timeout=60)
@@ -397,11 +407,23 @@ async def test_guard_relays_llamacpp_streams_and_answers_them_in_a_stall(
     assert back is not None
 
 
+async def _native_stream(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+) -> list[bytes]:
+    """POST /completion (llama.cpp's own API) and return its SSE events."""
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with session.post(url + "/completion", json=body, timeout=timeout) as resp:
+        assert resp.status == 200, await resp.text()
+        raw = await resp.read()
+    return [e for e in raw.split(b"\n\n") if e.strip()]
+
+
 def _framing(event: bytes) -> bytes:
     """An event with what differs between two identical requests blanked (id, time, text)."""
-    event = re.sub(rb'"(created|id|system_fingerprint)":("[^"]*"|\d+)', b"", event)
+    event = re.sub(rb'"(created|id|id_slot|system_fingerprint)":("[^"]*"|-?\d+)', b"", event)
     event = re.sub(rb'"timings":\{[^}]*\}', b"", event)
-    return re.sub(rb'"text":"(?:[^"\\]|\\.)*"', b'"text":""', event)
+    event = re.sub(rb'"tokens":\[[^]]*\]', b"", event)
+    return re.sub(rb'"(text|content)":"(?:[^"\\]|\\.)*"', rb'"\1":""', event)
 
 
 async def _admitted(guard_url: str, bound_s: float) -> float | None:
