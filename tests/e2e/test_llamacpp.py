@@ -359,7 +359,7 @@ async def test_guard_relays_llamacpp_streams_and_answers_them_in_a_stall(
     server, trigger = llama_server
     guard = await start_guard(
         "guard", server.base_url, "--engine", "llamacpp", "--stall-seconds", str(STALL_S),
-        "--request-stall-seconds", "3", "--canary-timeout", "3",
+        "--request-stall-seconds", "3", "--canary-timeout", "3", "--startup-grace", "0",
         "--stalled-canary-interval", "1",
     )  # fmt: skip
     try:
