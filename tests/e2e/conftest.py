@@ -35,7 +35,6 @@ from tests.tools.llama_server import (
 )
 from tests.tools.llama_server_build import LOCK_TIMEOUT_S as LLAMA_LOCK_TIMEOUT_S
 from tests.tools.llama_server_build import ensure_llama_server
-from tests.tools.make_tiny_gguf import write_tiny_gguf
 from tests.tools.vllm_env import (
     CACHE_DIR,
     NEWEST,
@@ -189,6 +188,8 @@ def llama_kit(tmp_path_factory: pytest.TempPathFactory) -> LlamaKit:
         built = ensure_llama_server()
     except VllmEnvError as exc:
         pytest.fail(f"llama-server unavailable: {exc}", pytrace=False)
+    from tests.tools.make_tiny_gguf import write_tiny_gguf  # gguf and numpy: these tests only
+
     workdir = tmp_path_factory.mktemp("llamacpp")
     model = write_tiny_gguf(workdir / "tiny.gguf")
     try:
