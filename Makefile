@@ -47,7 +47,9 @@ $(UV_VENV)/bin/uv:
 
 # The real-vLLM tests' venvs and model are built beside the install, lint and the tools (minutes
 # in a fresh clone, the head of the suite's critical path); pytest waits on the same lock if not
-# done. compileall: where PYTHONDONTWRITEBYTECODE is set, each of the suite's hundreds of
+# done. So is llama.cpp's llama-server (tests/tools/llama_server_build.py: stdlib and pip,
+# niced; once per machine, outside the clone; its tests run last in the e2e chain).
+# compileall: where PYTHONDONTWRITEBYTECODE is set, each of the suite's hundreds of
 # watchdog, simulator and stub processes would compile this tree's sources again (0.3 s each).
 # `make sanitize` runs beside lint and pytest (its log: .cache/sanitize.log); either failing
 # fails the target.
@@ -55,8 +57,10 @@ test:
 	@mkdir -p .cache; ( $(MAKE) --no-print-directory $(UV_VENV)/bin/uv >.cache/prebuild.log 2>&1 && \
 	exec setsid $(UV_VENV)/bin/python tests/tools/vllm_env.py --all >>.cache/prebuild.log 2>&1 ) & \
 	prebuild=$$!; sanitize=; \
-	trap 'kill -TERM $$prebuild 2>/dev/null; [ -z "$$sanitize" ] || kill -TERM -- -$$sanitize 2>/dev/null; \
-	wait $$prebuild $$sanitize 2>/dev/null' EXIT; \
+	( exec setsid $(PYTHON) tests/tools/llama_server_build.py >.cache/llama-server-build.log 2>&1 ) & \
+	llama=$$!; \
+	trap 'kill -TERM $$prebuild $$llama 2>/dev/null; [ -z "$$sanitize" ] || kill -TERM -- -$$sanitize 2>/dev/null; \
+	wait $$prebuild $$llama $$sanitize 2>/dev/null' EXIT; \
 	$(MAKE) --no-print-directory install && \
 	$(PY) -m compileall -q -j 0 engine_watchdog tests benchmarks >/dev/null && \
 	{ setsid $(MAKE) --no-print-directory sanitize >.cache/sanitize.log 2>&1 & sanitize=$$!; } && \

@@ -7,6 +7,8 @@
 #   debootstrap           <- package debootstrap (the stand-in base image: no registry here)
 #   python3.11d           <- packages python3.11-dbg, libpython3.11-dev (make sanitize's
 #                            reference-leak run of the guard's C on a debug interpreter)
+#   eu-stack              <- package elfutils (native stacks of engines that are not Python:
+#                            llama.cpp's llama-server; capture/native.py)
 # Idempotent (a no-op in well under a second when everything is there), quiet on success,
 # bounded (every apt-get runs under `timeout`); the packages' services are not started.
 # kubectl is checked, not installed: Debian has no package for it.
@@ -21,6 +23,7 @@ have podman || need+=(podman)
 have runc || need+=(runc)
 have debootstrap || need+=(debootstrap)
 { have python3.11d && [ -e /usr/include/python3.11/Python.h ]; } || need+=(python3.11-dbg libpython3.11-dev)
+have eu-stack || need+=(elfutils)
 
 if ((${#need[@]})); then
     sudo=()
@@ -50,7 +53,7 @@ if ((${#need[@]})); then
     done
     have alertmanager || have prometheus-alertmanager ||
         { echo "ensure-tools: alertmanager still missing after apt-get install" >&2; exit 1; }
-    for t in podman runc debootstrap python3.11d; do
+    for t in podman runc debootstrap python3.11d eu-stack; do
         have "$t" || { echo "ensure-tools: $t still missing after apt-get install" >&2; exit 1; }
     done
 fi

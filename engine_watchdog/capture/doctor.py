@@ -2,7 +2,8 @@
 
 Checks: ptrace allowed (yama ptrace_scope, CAP_SYS_PTRACE in CapEff, same UID as the engine),
 py-spy present (and, with engine processes, a trial ``--nonblocking`` dump), NVML importable and
-initialisable, cuda-gdb present, the engine's processes visible from here (PID namespace shared).
+initialisable, cuda-gdb and eu-stack present, the engine's processes visible from here (PID
+namespace shared).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ FIX_NVML = (
     "pip install nvidia-ml-py"
 )
 FIX_CUDA_GDB = "install the CUDA toolkit's cuda-gdb (only to summarise CUDA core dumps)"
+FIX_EU_STACK = "apt-get install elfutils (only for engines that are not Python: llama-server)"
 FIX_OTHER_USER = (
     "run the watchdog as the engine's UID (Kubernetes: securityContext.runAsUser), or give it "
     "CAP_SYS_PTRACE (securityContext.capabilities.add: [SYS_PTRACE]); kernel.yama.ptrace_scope "
@@ -218,7 +220,7 @@ async def run_doctor(
         )
         procs = obs.procs
     nvml = await asyncio.to_thread(nvml_check, *([nvml_load] if nvml_load else []))
-    gdb = tools.get("cuda-gdb")
+    gdb, eu_stack = tools.get("cuda-gdb"), tools.get("eu-stack")
     ptrace = host_ptrace(procs, proc_root)
     checks = [
         ptrace,
@@ -227,6 +229,9 @@ async def run_doctor(
         Check("cuda-gdb", "ok", gdb)
         if gdb
         else Check("cuda-gdb", "optional", "not found", FIX_CUDA_GDB),
+        Check("eu-stack", "ok", eu_stack)
+        if eu_stack
+        else Check("eu-stack", "optional", "not found", FIX_EU_STACK),
         procs_check(url, pids, procs),
     ]
     return DoctorReport(tuple(checks), procs)

@@ -117,6 +117,18 @@ CONTEXTS: dict[str, str] = {
     "collective_rpc": "collective_rpc",
 }
 
+# The same for a native-only stack (llama.cpp's llama-server, read by eu-stack): a fragment of
+# the C++ function's unqualified name, nearest wins.
+NATIVE_CONTEXTS: dict[str, str] = {
+    "llama_decode": "llama_decode",
+    "llama_process": "llama_process (decode)",
+    "graph_compute": "graph compute",
+    "update_slots": "the slot update",
+    "start_loop": "the task loop",
+}
+_SYSTEM_LIBS = ("libc.so", "libc-", "libstdc++", "libgomp", "libpthread", "ld-linux", "libgcc_s")
+"""Modules whose frames say how a native thread waits, not whose code waits."""
+
 
 @dataclass(frozen=True)
 class Frame:
@@ -227,14 +239,42 @@ def diagnose(th: ThreadStack, source_line: SourceLine | None = None) -> Diagnosi
 
 
 def _around(frames: Sequence[Frame], start: int) -> str:
-    """' in <innermost Python function from start> under <nearest engine context>'."""
+    """' in <innermost Python function from start> under <nearest engine context>'; for a
+    stack with no Python frame at all, the innermost native function outside the C and C++
+    runtimes and its nearest native context."""
     py = next((j for j in range(start, len(frames)) if not frames[j].native), None)
     if py is None:
-        return ""
+        return _native_around(frames, start) if all(f.native for f in frames) else ""
     text = f" in {frames[py].func}"
     for fr in frames[py + 1 :]:
         if not fr.native and fr.func in CONTEXTS and fr.func != frames[py].func:
             return f"{text} under {CONTEXTS[fr.func]}"
+    return text
+
+
+def native_func(name: str) -> str:
+    """``ns::cls::method(args) const`` -> ``method``; a C name stays as it is."""
+    return name.split("(", 1)[0].rsplit("::", 1)[-1]
+
+
+def _native_around(frames: Sequence[Frame], start: int) -> str:
+    own = next(
+        (
+            j
+            for j in range(start, len(frames))
+            if not frames[j].file.rsplit("/", 1)[-1].startswith(_SYSTEM_LIBS)
+            and not frames[j].name.startswith("0x")
+        ),
+        None,
+    )
+    if own is None:
+        return ""
+    text = f" in {native_func(frames[own].name)}"
+    for fr in frames[own:]:
+        func = native_func(fr.name)
+        hit = next((ctx for key, ctx in NATIVE_CONTEXTS.items() if key in func), None)
+        if hit is not None and func != native_func(frames[own].name):
+            return f"{text} under {hit}"
     return text
 
 

@@ -38,6 +38,8 @@ FIX_PERMISSION = (
     "read from outside the engine, and the bundle keeps what /proc shows)"
 )
 
+NO_PYTHON = "no Python engine process (native ones are the native-stacks step's)"
+
 # Worst first: the step's status is that of its worst dump when none succeeded.
 _FAILURE_ORDER: tuple[StepStatus, ...] = ("permission-denied", "not-available", "timeout", "failed")
 
@@ -84,6 +86,21 @@ def read_state_letter(pid: int, proc_root: Path = Path("/proc")) -> str | None:
     return rest[0] if rest else None
 
 
+def is_python(pid: int, proc_root: Path = Path("/proc")) -> bool | None:
+    """Whether ``pid`` runs a Python interpreter: its executable is named python*, or it maps
+    libpython. None when that cannot be read (gone, or no access): py-spy is tried then. A
+    process known to be native (llama.cpp's llama-server) is the native-stacks step's."""
+    base = proc_root / str(pid)
+    with contextlib.suppress(OSError):
+        if Path(os.readlink(base / "exe").removesuffix(" (deleted)")).name.startswith("python"):
+            return True
+    try:
+        with (base / "maps").open("rb") as maps:
+            return any(b"libpython" in line for line in maps)
+    except OSError:
+        return None
+
+
 def _argv(pyspy: str, pid: int, mode: str) -> list[str]:
     extra = {"native": ["--native"], "plain": [], "nonblocking": ["--nonblocking"]}[mode]
     return [pyspy, "dump", "--pid", str(pid), "--json", *extra]
@@ -124,14 +141,14 @@ async def _try_modes(
         last = (mode, res)
         if res.timed_out:
             notes.append(f"{mode} timed out after {bound:.1f}s")
-            notes.extend(_resume_if_left_stopped(pid, before, proc_root))
+            notes.extend(resume_if_left_stopped(pid, before, proc_root))
         elif res.rc != 0:
             notes.append(f"{mode} failed: {_first_line(res.stderr)}")
         mode = _next_mode(mode, res)
     return last[0], last[1], notes
 
 
-def _resume_if_left_stopped(pid: int, before: str | None, proc_root: Path) -> list[str]:
+def resume_if_left_stopped(pid: int, before: str | None, proc_root: Path) -> list[str]:
     """A py-spy killed between its ptrace attach and detach can leave the engine stopped; a
     capture must never make things worse, so continue a process we (not the operator) stopped."""
     if before in ("T", None) or read_state_letter(pid, proc_root) != "T":
@@ -237,6 +254,9 @@ def pyspy_step(opts: PySpyOptions = PySpyOptions(), proc_root: Path = Path("/pro
         live = [p for p in ctx.procs if p.state not in ("gone", "zombie")]
         if not live:
             return StepResult(STEP_NAME, "not-available", detail="no live engine process to dump")
+        live = [p for p in live if is_python(p.pid, proc_root) is not False]
+        if not live:
+            return StepResult(STEP_NAME, "not-available", detail=NO_PYTHON)
         budget = max(ctx.timeout_s - opts.margin_s, 0.5)
         try:
             outcomes = await asyncio.gather(

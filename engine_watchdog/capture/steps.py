@@ -6,6 +6,7 @@ from __future__ import annotations
 from engine_watchdog.capture.cuda import make_cuda_coredump_step
 from engine_watchdog.capture.flight_recorder import make_flight_recorder_step
 from engine_watchdog.capture.gpu import make_gpu_step
+from engine_watchdog.capture.native import native_step
 from engine_watchdog.capture.pyspy import pyspy_step
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.probes.gpu import GpuProbe
@@ -16,7 +17,7 @@ the step waits for the file to stop growing within 60 % of its timeout."""
 
 
 def capture_steps(destructive: bool, gpu: GpuProbe | None = None) -> list[CaptureStep]:
-    steps = [pyspy_step(), make_flight_recorder_step()]
+    steps = [pyspy_step(), native_step(), make_flight_recorder_step()]
     if gpu is not None:
         steps.append(make_gpu_step(gpu))
     if destructive:  # last: a destructive bundle runs it after the others (it ends the process)

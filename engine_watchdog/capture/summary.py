@@ -65,15 +65,17 @@ def proc_label(proc: ProcInfo) -> str:
 def load_groups(
     workdir: Path, procs: Sequence[ProcInfo], source_line: SourceLine | None = None
 ) -> dict[int, list[ThreadGroup]]:
-    """Read ``pyspy/<pid>.json`` of each process and group its threads. Blocking."""
+    """Read ``pyspy/<pid>.json`` (or, for a native process, ``native/<pid>.json``: eu-stack's
+    stacks in the same shape) of each process and group its threads. Blocking."""
     out: dict[int, list[ThreadGroup]] = {}
     for p in procs:
-        path = workdir / "pyspy" / f"{p.pid}.json"
-        try:
-            data = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            continue
-        out[p.pid] = group_threads(parse_threads(data, p.pid), source_line)
+        for folder in ("pyspy", "native"):
+            try:
+                data = json.loads((workdir / folder / f"{p.pid}.json").read_bytes())
+            except (OSError, ValueError):
+                continue
+            out[p.pid] = group_threads(parse_threads(data, p.pid), source_line)
+            break
     return out
 
 
@@ -139,8 +141,10 @@ def _process_table(procs: Sequence[ProcInfo]) -> list[str]:
 
 
 def _thread_section(p: ProcInfo, groups: Sequence[ThreadGroup]) -> list[str]:
+    native = all(f.native for g in groups for f in g.threads[0].frames)
     out = [
-        f"### PID {p.pid}: {proc_label(p)} ({p.role}, {p.state})",
+        f"### PID {p.pid}: {proc_label(p)} ({p.role}, {p.state}"
+        + ("; native stacks, eu-stack)" if native else ")"),
         "",
         "| threads | where it is stuck | frame |",
         "|---|---|---|",
@@ -153,7 +157,8 @@ def _thread_section(p: ProcInfo, groups: Sequence[ThreadGroup]) -> list[str]:
         frames = g.threads[0].frames
         out += [f"    {f.text()}" for f in frames[:_STACK_LINES]]
         if len(frames) > _STACK_LINES:
-            out.append(f"    ... {len(frames) - _STACK_LINES} more frames (pyspy/{p.pid}.txt)")
+            folder = "native" if native else "pyspy"
+            out.append(f"    ... {len(frames) - _STACK_LINES} more frames ({folder}/{p.pid}.txt)")
     return [*out, "```", "", "</details>", ""]
 
 

@@ -28,7 +28,7 @@ from engine_watchdog.cli.options import CAPTURE, JSON, PY_SPY_OPT
 from engine_watchdog.core.checks import normalise_url
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.redact import redact_url
-from engine_watchdog.engines import VLLM
+from engine_watchdog.engines import PROFILES, VLLM, EngineProfile
 from engine_watchdog.host.tools import tools_with
 from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
@@ -60,10 +60,12 @@ def _check_target(url: str | None, pids: Sequence[int]) -> None:
             ) from None
 
 
-def find_procs(url: str | None, pids: Sequence[int]) -> tuple[ProcInfo, ...]:
+def find_procs(
+    url: str | None, pids: Sequence[int], profile: EngineProfile = VLLM
+) -> tuple[ProcInfo, ...]:
     """The engine's processes, or a usage error naming the fix."""
     _check_target(url, pids)
-    procs = sample_procs(url, pids, profile=VLLM).procs
+    procs = sample_procs(url, pids, profile=profile).procs
     gone = [p.pid for p in procs if p.state == "gone"]
     if gone:
         raise CliError(
@@ -109,8 +111,17 @@ CAPTURE_HELPS = {
     show_default=True,
     help="Seconds each capture step may take.",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(sorted(PROFILES)),
+    default=VLLM.name,
+    show_default=True,
+    help="Engine profile: its process titles and roles, and the bundle's name.",
+)
 @JSON.with_help('Print {"path", "elapsed_s", "steps"} as one JSON document.')
-def capture_command(url: str | None, pids: tuple[int, ...], timeout: float, **kw: Any) -> None:
+def capture_command(
+    url: str | None, pids: tuple[int, ...], timeout: float, engine: str, **kw: Any
+) -> None:
     """Write a non-destructive incident bundle now and print its path."""
     given_url = url  # its /version is asked through one connection: credentials, TLS and all
     url = redact_url(url) if url else None  # for the process search only its port is used
@@ -119,10 +130,11 @@ def capture_command(url: str | None, pids: tuple[int, ...], timeout: float, **kw
     all_consumed(kw)
     if capture.engine_log is not None and not capture.engine_log.is_file():
         raise CliError(f"--engine-log {capture.engine_log} is not a readable file: check the path")
-    procs = find_procs(url, pids)
+    profile = PROFILES[engine]
+    procs = find_procs(url, pids, profile)
     settings = BundleSettings(
         capture,
-        engine=VLLM.name,
+        engine=profile.name,
         tools=tools_with(capture.py_spy),
         engine_version=(lambda: _version_of(given_url)) if given_url else None,
     )

@@ -35,7 +35,7 @@ from engine_watchdog.core.model import (
 )
 from engine_watchdog.core.requests import RequestJudge
 from engine_watchdog.core.settings import DetectorSettings
-from engine_watchdog.core.signals import Signals
+from engine_watchdog.core.signals import Finding, Signals
 from engine_watchdog.core.wire import Wire
 
 __all__ = ["TARGET", "Detector", "DetectorSettings"]
@@ -178,23 +178,36 @@ class Detector:
     def _on_scrape_error(self, obs: ScrapeObs) -> list[Transition]:
         if self._unreachable_since is None:
             self._unreachable_since = obs.t
-        if self._first_good_t is None:
+        stopped = self._engine_stopped(obs)
+        if self._first_good_t is None and stopped is None:
             track = self._tracks[TARGET]
             return self._set(track, obs.t, State.STARTING, obs.error, note=obs.detail)
         if self._restarting(obs.t):
             self._restart.gap = True
             return self._set_restarting(obs.t, obs.detail)
-        state, cause = State.UNREACHABLE, obs.error
+        state, cause, note = State.UNREACHABLE, obs.error, obs.detail
         if self._dead is not None or self._engine_gone():
             state, cause = State.STALLED, Cause.ENGINE_DEAD
+        elif stopped is not None:
+            state, cause, note = State.STALLED, Cause.STOPPED, stopped.evidence
         elif self._api_unresponsive(obs):
             state, cause = State.STALLED, Cause.API_UNRESPONSIVE
         elif self._engine_loop_silent(obs):
             state, cause = State.STALLED, Cause.NO_PROGRESS
         changes = []
         for track in self._tracks.values():
-            changes += self._set(track, obs.t, state, cause, note=obs.detail)
+            changes += self._set(track, obs.t, state, cause, note=note)
         return changes
+
+    def _engine_stopped(self, obs: ScrapeObs) -> Finding | None:
+        """The engine's processes stopped (state T) through a spell of failed scrapes as long
+        as the fast-stall window: llama.cpp's llama-server is its own API server, so a SIGSTOP
+        silences /metrics and /health alike, and only the process state tells a stopped engine
+        from a lost network. Also before the first good scrape (a check of a stopped server)."""
+        assert self._unreachable_since is not None
+        if obs.t - self._unreachable_since < self.settings.fast_stall_seconds:
+            return None
+        return self.signals.stopped(self._unreachable_since)
 
     def _api_unresponsive(self, obs: ScrapeObs) -> bool:
         """Both /metrics and /health time out for the whole stall window."""

@@ -14,14 +14,14 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine_watchdog.host.pdeathsig import wrap
 
-TOOL_NAMES = ("py-spy", "cuda-gdb")
+TOOL_NAMES = ("py-spy", "cuda-gdb", "eu-stack")
 
 _KILL_WAIT_S = 5.0
 
@@ -71,11 +71,14 @@ class Completed:
         return self.rc is None
 
 
-async def run_bounded(argv: Sequence[str], timeout_s: float) -> Completed:
+async def run_bounded(
+    argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None
+) -> Completed:
     """Run ``argv`` with a wall-clock bound; kill its process group on timeout or cancellation,
     and let the kernel kill it when the watchdog dies (host/pdeathsig.py): a py-spy left
     attached to the engine by a killed watchdog must not run on.
 
+    ``env`` replaces the environment (None: the watchdog's own).
     Raises OSError when the program cannot be started (missing, not executable).
     """
     t0 = time.monotonic()
@@ -87,6 +90,7 @@ async def run_bounded(argv: Sequence[str], timeout_s: float) -> Completed:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
+        env=None if env is None else dict(env),
     )
     talk = asyncio.ensure_future(proc.communicate())
     rc = await wait_or_kill(proc, timeout_s, first=talk)

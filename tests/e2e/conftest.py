@@ -19,9 +19,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from tests.tools.llama_server import (
+    LlamaServer,
+    LlamaServerError,
+    build_shim,
+    launch,
+    server_env,
+    stop,
+    wait_ready,
+)
+from tests.tools.llama_server_build import LOCK_TIMEOUT_S as LLAMA_LOCK_TIMEOUT_S
+from tests.tools.llama_server_build import ensure_llama_server
 from tests.tools.vllm_env import (
     CACHE_DIR,
     NEWEST,
@@ -43,12 +56,21 @@ def _wants_e2e(items: Sequence[pytest.Item]) -> bool:
     return any(item.get_closest_marker("e2e") is not None for item in items)
 
 
+LLAMACPP_MODULE = "test_llamacpp.py"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist every e2e test runs in one worker (tests/conftest.py), which builds
-    the vLLM venv on first use, so the first test may take long."""
+    the vLLM venv on first use, so the first test may take long. The real-llama.cpp module
+    goes last: its server is compiled in the background from the suite's start (minutes on a
+    fresh machine; make test), and the vLLM modules before it leave that build the time."""
     for item in items:
-        if item.get_closest_marker("e2e") is not None:
+        if item.path.name == LLAMACPP_MODULE:
+            # Its first test may wait on the background build's lock, which is bounded itself.
+            item.add_marker(pytest.mark.timeout(LLAMA_LOCK_TIMEOUT_S + 300))
+        elif item.get_closest_marker("e2e") is not None:
             item.add_marker(pytest.mark.timeout(900))
+    items.sort(key=lambda item: item.path.name == LLAMACPP_MODULE)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -146,6 +168,64 @@ def vllm_server(request: pytest.FixtureRequest, vllm_server_factory: ServerFacto
     return vllm_server_factory(extra_args=extra_args, extra_env=extra_env)
 
 
+@dataclass(frozen=True)
+class LlamaKit:
+    """What the real-llama.cpp tests start servers from."""
+
+    binary: Path
+    version: str
+    model: Path
+    shim: Path
+    workdir: Path
+
+
+@pytest.fixture(scope="session")
+def llama_kit(tmp_path_factory: pytest.TempPathFactory) -> LlamaKit:
+    """llama-server (built once per machine: tests/tools/llama_server_build.py; make test
+    starts it in the background, this waits on its lock), the tiny GGUF (written per session,
+    half a second) and the stall shim (compiled per session)."""
+    try:
+        built = ensure_llama_server()
+    except VllmEnvError as exc:
+        pytest.fail(f"llama-server unavailable: {exc}", pytrace=False)
+    from tests.tools.make_tiny_gguf import write_tiny_gguf  # gguf and numpy: these tests only
+
+    workdir = tmp_path_factory.mktemp("llamacpp")
+    model = write_tiny_gguf(workdir / "tiny.gguf")
+    try:
+        shim = build_shim(workdir)
+    except (LlamaServerError, OSError) as exc:
+        pytest.fail(f"stall shim unavailable: {exc}", pytrace=False)
+    return LlamaKit(built.binary, built.version, model, shim, workdir)
+
+
+def start_llama(kit: LlamaKit, name: str, trigger: Path) -> LlamaServer:
+    """A server with the stall shim preloaded: while ``trigger`` exists, its inference thread
+    waits inside a decode (tests/data/llamacpp/stall_shim.c)."""
+    env = server_env(kit.shim, trigger)
+    server = launch(kit.binary, kit.model, kit.workdir / f"{name}.log", env)
+    try:
+        wait_ready(server)
+    except BaseException:
+        stop(server)
+        raise
+    return server
+
+
+@pytest.fixture(scope="module")
+def llama_server(llama_kit: LlamaKit) -> Iterator[tuple[LlamaServer, Path]]:
+    """One llama-server per module and its stall trigger (absent); stopped after (its group,
+    SIGCONT first), whatever happened."""
+    trigger = llama_kit.workdir / "stall.trigger"
+    trigger.unlink(missing_ok=True)
+    server = start_llama(llama_kit, "module", trigger)
+    try:
+        yield server, trigger
+    finally:
+        trigger.unlink(missing_ok=True)
+        stop(server)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -159,9 +239,14 @@ def pytest_runtest_makereport(
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The recovery measurements of test_recovery.py (times from the fault), if it ran."""
+    from tests.tools.llama_server import REPORT_LINES as LLAMA_LINES
     from tests.tools.recovery_harness import REPORT_LINES
 
     if REPORT_LINES:
         terminalreporter.section("recovery on a real vLLM (seconds from the fault)")
         for line in REPORT_LINES:
+            terminalreporter.write_line(line)
+    if LLAMA_LINES:
+        terminalreporter.section("llama-server: what each probe showed under each fault")
+        for line in LLAMA_LINES:
             terminalreporter.write_line(line)

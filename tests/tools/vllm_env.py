@@ -181,7 +181,7 @@ def file_lock(path: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     raise VllmEnvError(
                         f"waited {timeout:.0f} s for the lock {path}: another process is still "
-                        "preparing the vLLM environment (or hung doing so). Fix: end it, or "
+                        "building what it guards (or hung doing so). Fix: end it, or "
                         "delete the lock file once no such process runs."
                     ) from None
                 time.sleep(1.0)

@@ -164,3 +164,16 @@ def test_doctor_cli_bad_url_and_json() -> None:
     ran = run_cli_sync("doctor", "--json", "--py-spy", NO_PY_SPY)
     assert ran.code == 1, ran  # py-spy missing: the operator's path is not there
     assert json.loads(ran.out)["checks"][1]["name"] == "py-spy"
+
+
+async def test_eu_stack_is_reported_and_optional() -> None:
+    """Native stacks (llama-server) need eu-stack: found, it is listed; missing, it is
+    optional with the package to install."""
+    no_gpu = lambda: fake_nvml(init=RuntimeError("no GPU"))  # noqa: E731
+    found = await run_doctor(tools={"eu-stack": "/usr/bin/eu-stack"}, nvml_load=no_gpu)
+    missing = await run_doctor(tools={}, nvml_load=no_gpu)
+    by_found = {c.name: c for c in found.checks}
+    by_missing = {c.name: c for c in missing.checks}
+    assert (by_found["eu-stack"].status, by_found["eu-stack"].detail) == ("ok", "/usr/bin/eu-stack")
+    assert by_missing["eu-stack"].status == "optional"
+    assert "elfutils" in by_missing["eu-stack"].fix

@@ -14,6 +14,7 @@ from engine_watchdog.core.model import (
     ProcInfo,
     ProcsObs,
     QuietStream,
+    ScrapeObs,
     State,
 )
 from tests.tools.detector_feed import T0, Eng, first_stall, run, scrape
@@ -228,3 +229,35 @@ def test_guard_streams_the_engine_does_not_count_bring_canaries_every_few_second
     held = QuietStream("r1", T0 + 2, T0 + 2.5, T0 + 3, 4, waiting_since=T0 + 3)
     d.feed(GuardObs(T0 + 10, 4, 4, 0, 0, T0 + 3, (), (held,)))
     assert d.canary_due(T0 + 10.5) == "idle"
+
+
+def test_an_engine_that_is_its_own_api_server_stopped_is_stalled_not_unreachable() -> None:
+    """llama-server SIGSTOPped: /metrics times out (no frozen counters to read), and only the
+    process state says the engine is stopped, not the network lost."""
+    e = Eng(running=1)
+    obs: list[Observation] = []
+    for t in range(40):
+        if t < 5:
+            e.tokens += 5
+            obs.append(scrape(t, e))
+        else:
+            obs.append(ScrapeObs(T0 + t, error="timeout"))
+        obs.append(procs(t + 0.5, "stopped" if t >= 5 else "running"))
+    _, seen = run(obs, stall_seconds=30, fast_stall_seconds=10)
+    stall = first_stall(seen)
+    assert stall is not None and stall[1] == "stopped", seen
+    assert 15.0 <= stall[0] <= 17.0, stall
+
+
+def test_a_check_of_a_server_stopped_before_it_began_says_stopped() -> None:
+    """No good scrape ever (``check`` of an already stopped server): stalled, cause stopped,
+    once the fast-stall window has passed; unreachable processes say nothing of the kind."""
+    stopped: list[Observation] = [ScrapeObs(T0 + t, error="timeout") for t in range(15)]
+    stopped += [procs(t + 0.5, "stopped") for t in range(15)]
+    _, seen = run(sorted(stopped, key=lambda o: o.t), fast_stall_seconds=10)
+    stall = first_stall(seen)
+    assert stall is not None and stall[1] == "stopped" and stall[0] >= 10.0, seen
+    running: list[Observation] = [ScrapeObs(T0 + t, error="timeout") for t in range(15)]
+    running += [procs(t + 0.5, "running") for t in range(15)]
+    _, seen = run(sorted(running, key=lambda o: o.t), fast_stall_seconds=10)
+    assert first_stall(seen) is None, seen
