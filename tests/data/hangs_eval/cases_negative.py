@@ -260,3 +260,148 @@ NEGATIVE["healthy-club3090-652-idle-5090s"] = {
         ],
     },
 }
+
+NEGATIVE["neg-vllm-11139-ray-pp-lws-init"] = {
+    "kind": "negative",
+    "source": ["https://github.com/vllm-project/vllm/issues/11139"],
+    "why": "vLLM with Ray on an LWS-allocated pod hangs once --pipeline_parallel_size > 1, at "
+    "NCCL initialisation: Ray and pipeline parallelism like vllm-ray-pp-shm-deadlock, but stuck "
+    "before serving, not in the shared message queue.",
+    "taken": ["the last log line: 'INFO 12-12 05:28:31 pynccl.py:69] vLLM is using nccl==2.21.5'"],
+    "left_out": ["the command line (the title names --pipeline_parallel_size > 1), stacks, GPUs"],
+    "bundle": {
+        "engine": "vllm",
+        "log": ["INFO 12-12 05:28:31 pynccl.py:69] vLLM is using nccl==2.21.5"],
+    },
+}
+
+NEGATIVE["neg-sglang-7553-watchdog-no-pyspy"] = {
+    "kind": "negative",
+    "source": ["https://github.com/sgl-project/sglang/issues/7553"],
+    "why": "An SGLang decode hang (DP4 TP4, DeepSeek-R1) where the watchdog fired and py-spy "
+    "was not installed: the watchdog line of sglang-overlap-copy-done-hang, without its stack.",
+    "taken": [
+        "the two log lines: '[2025-06-26 07:25:31 DP4 TP4] Pyspy failed to dump PID 113688. "
+        "Error: /bin/bash: line 1: py-spy: command not found' and '[2025-06-26 07:25:31 DP4 TP4] "
+        "Watchdog timeout (self.watchdog_timeout=300)'",
+    ],
+    "left_out": ["the server's command line (the report shows the benchmark client's)", "GPUs"],
+    "bundle": {
+        "engine": "sglang",
+        "log": [
+            "[2025-06-26 07:25:31 DP4 TP4] Pyspy failed to dump PID 113688. Error: /bin/bash: "
+            "line 1: py-spy: command not found",
+            "[2025-06-26 07:25:31 DP4 TP4] Watchdog timeout (self.watchdog_timeout=300)",
+        ],
+    },
+}
+
+NEGATIVE["neg-vllm-44185-dp-spec-shm"] = {
+    "kind": "negative",
+    "source": ["https://github.com/vllm-project/vllm/issues/44185"],
+    "why": "Speculative decoding with an MoE draft near max_model_len under data parallelism "
+    "hangs with both DP engine cores logging the shared-memory line: data parallel and the "
+    "line, another mechanism than the zero-token drift.",
+    "taken": ["the EngineCore_DP0 / EngineCore_DP1 log lines quoted, verbatim (first three)"],
+    "left_out": ["command line, stacks, GPUs: not in the parts read"],
+    "bundle": {
+        "engine": "vllm",
+        "log": [
+            f"(EngineCore_DP{dp} pid={pid}) INFO 05-28 {t} [shm_broadcast.py:681] No available "
+            "shared memory broadcast block found in 60 seconds. This typically happens when some "
+            "processes are hanging or doing some time-consuming work (e.g. compilation, "
+            "weight/kv cache quantization)."
+            for dp, pid, t in ((1, 1455, "14:44:28"), (0, 1454, "14:45:27"), (1, 1455, "14:45:28"))
+        ],
+    },
+}
+
+NEGATIVE["neg-llamacpp-16448-stops-responding"] = {
+    "kind": "negative",
+    "source": ["https://github.com/ggml-org/llama.cpp/issues/16448"],
+    "why": "llama-server on two RTX 5090 randomly stops generating with CPU and GPUs at 0 %, no "
+    "CUDA error reported: the healthy-looking stall, not the CUDA-error state of #13281.",
+    "taken": ["the command line, verbatim (version 6658)", "two RTX 5090 at 0 %"],
+    "left_out": ["log lines (the report describes them), stacks"],
+    "bundle": {
+        "engine": "llamacpp",
+        "procs": [
+            {
+                "pid": 1,
+                "role": "api-server",
+                "cmdline": [
+                    "llama-server.exe",
+                    "-m",
+                    r"C:\models\L3.3-70B-Animus-V12.1-Q4_K_M.gguf",
+                    *shlex.split("--n-gpu-layers 81 --port 5001 -c 32768 --host 0.0.0.0"),
+                    *shlex.split("-ts 30,34 --threads 16"),
+                ],
+            }
+        ],
+        "gpus": [{"name": "NVIDIA GeForce RTX 5090", "util": 0.0} for _ in range(2)],
+    },
+}
+
+NEGATIVE["neg-trtllm-9680-l40s-tp-idle"] = {
+    "kind": "negative",
+    "source": ["https://github.com/NVIDIA/TensorRT-LLM/issues/9680"],
+    "why": "trtllm-serve hangs with TP > 1 on four L40S (64 MB /dev/shm), the GPUs idle: a "
+    "TensorRT-LLM hang no catalog entry is about.",
+    "taken": ["nvidia-smi at the hang: NVIDIA L40S, 0 %, 78 W of 350 W (GPU 0)"],
+    "left_out": ["the command line and the other GPUs' rows (cut in the part read)"],
+    "bundle": {
+        "engine": "trtllm",
+        "gpus": [{"name": "NVIDIA L40S", "util": 0.0, "power": 78.0, "power_limit": 350.0}],
+    },
+}
+
+NEGATIVE["healthy-vllm-53181-fsm-line-serving"] = {
+    "kind": "healthy",
+    "source": ["https://github.com/vllm-project/vllm/issues/53181"],
+    "why": "xgrammar's 'Failed to advance FSM' error fires during a soak test while every other "
+    "request completes (comment by RoboRiley, 2026-09-08): an error line of a serving engine.",
+    "taken": [
+        "the log line (request id elided in the report)",
+        "the flags quoted: --speculative-config with MTP, --tool-call-parser qwen3_coder, "
+        "--reasoning-parser qwen3; one RTX PRO 6000 Blackwell Max-Q",
+    ],
+    "left_out": ["the full command line (the model is nvidia/Qwen3.6-27B-NVFP4), stacks"],
+    "bundle": {
+        "engine": "vllm",
+        "versions": {"engine_version": "0.28.0"},
+        "procs": [
+            {
+                "pid": 1,
+                "role": "api-server",
+                "cmdline": shlex.split(
+                    '--speculative-config \'{"method":"mtp","num_speculative_tokens":2}\' '
+                    "--tool-call-parser qwen3_coder --reasoning-parser qwen3"
+                ),
+            }
+        ],
+        "log": [
+            "ERROR [backend_xgrammar.py:167] Failed to advance FSM for request chatcmpl-... for "
+            "tokens 271. Please file an issue."
+        ],
+        "gpus": [{"name": "NVIDIA RTX PRO 6000 Blackwell Max-Q"}],
+    },
+}
+
+NEGATIVE["healthy-vllm-5365-first-download"] = {
+    "kind": "healthy",
+    "source": ["https://github.com/vllm-project/vllm/issues/5365"],
+    "why": "Loading a model takes 15 minutes the first time; a maintainer: the download from "
+    "Hugging Face takes a while. The Ctrl-C traceback shows the engine in load_model.",
+    "taken": ["the traceback lines the reporter pasted after Ctrl-C, first four"],
+    "left_out": ["command line (the Python API was used), GPUs"],
+    "bundle": {
+        "engine": "vllm",
+        "log": [
+            "[rank0]:     llm = vllm.LLM(",
+            '[rank0]:   File "/home/adc/.conda/envs/kdd/lib/python3.10/site-packages/vllm/'
+            'entrypoints/llm.py", line 144, in __init__',
+            "[rank0]:     self.llm_engine = LLMEngine.from_engine_args(",
+            "[rank0]:     self.driver_worker.load_model()",
+        ],
+    },
+}
