@@ -40,7 +40,10 @@ KINDS = ("positive", "negative", "healthy")
 
 
 def frame(text: str) -> dict[str, Any]:
-    """``name (file:line)``, ``name (file)`` or ``name (lib.so)`` as py-spy prints a frame."""
+    """``name (file:line)``, ``name (file)`` or ``name (lib.so)`` as py-spy prints a frame; a
+    bare ``name`` where the report gives no file."""
+    if not text.endswith(")") or " (" not in text:
+        return {"name": text, "filename": "", "short_filename": "", "line": 0, "module": None}
     name, _, rest = text.rpartition(" (")
     where = rest.rstrip(")")
     file, _, line = where.rpartition(":")

@@ -405,3 +405,17 @@ NEGATIVE["healthy-vllm-5365-first-download"] = {
         ],
     },
 }
+
+NEGATIVE["neg-flashinfer-4814-b300-2cta-tactic"] = {
+    "kind": "negative",
+    "source": ["https://github.com/flashinfer-ai/flashinfer/issues/4814"],
+    "why": "A TRT-LLM-gen FP4 MoE GEMM deadlock on one B300 from a 2-CTA tactic (c2x1x1) "
+    "chosen at batch 2048, SGLang's container: the FP4 MoE family and a Blackwell GPU, not the "
+    "PDL wait.",
+    "taken": [
+        "the GPU: NVIDIA B300 SXM6 (SM103); FlashInfer v0.6.18rc10; the container "
+        "lmsysorg/sglang:v0.5.17-cu130",
+    ],
+    "left_out": ["host stacks (the report names the GPU kernel, not a host frame)", "logs"],
+    "bundle": {"engine": "sglang", "gpus": [{"name": "NVIDIA B300 SXM6"}]},
+}
