@@ -45,3 +45,18 @@ POSITIVE_MORE["pdl-coreweave-188-kimi-gb300"] = {
         "gpus": [{"name": "GB300"} for _ in range(4)],
     },
 }
+
+POSITIVE_MORE["trtllm-triton-574-h100-busy"] = {
+    "kind": "positive",
+    "expect": "trtllm-inflight-batcher-stuck-gpu-busy",
+    "source": ["https://github.com/triton-inference-server/tensorrtllm_backend/issues/574"],
+    "why": "The Triton server with the TensorRT-LLM backend stops processing requests under high "
+    "traffic, GPU utilisation stuck at 100 % (2x H100; a commenter sees it on 2x L20): the stall "
+    "of #149 a TensorRT-LLM release later.",
+    "taken": ["the GPUs: 2x H100, utilisation stuck at 100 %"],
+    "left_out": [
+        "power, memory utilisation, the server's command line, logs and stacks",
+        "the version line ('TensorRT version: 0.10.0.dev2024043000'), which names TensorRT",
+    ],
+    "bundle": {"engine": "trtllm", "gpus": [{"name": "H100", "util": 100.0} for _ in range(2)]},
+}
