@@ -18,8 +18,8 @@ A **match** has every required rule matched; a **possible match** has some of th
 says what was missing ("the stacks were not captured, and they decide it"). Named candidates
 rank by the evidence seen for them: matched weight over the signature's whole weight
 (confidence x seen), so a signature whose evidence was all there and matched ranks above one
-that fits a few rules and cannot be checked on the rest; ties by confidence. A signature that
-names another engine gets 0.
+that fits a few rules and cannot be checked on the rest; ties by confidence. A signature of
+another engine, or of one engine on a bundle that names none (manifest, command lines), gets 0.
 """
 
 from __future__ import annotations
@@ -115,13 +115,17 @@ class Match:
 
 
 def engine_applies(sig: Signature, engine: str) -> bool:
-    return sig.engine == "any" or not engine or sig.engine == engine
+    """A signature of one engine needs a bundle that says it runs that engine (the manifest, or
+    the processes' command lines): without it, evidence such as a spinning GPU would name an
+    engine's hang on a bundle that may run anything."""
+    return sig.engine == "any" or sig.engine == engine
 
 
 def score(sig: Signature, view: BundleView) -> Match:
     """One signature against one bundle."""
     if not engine_applies(sig, view.engine):
-        return Match(sig, 0.0, (), f"for {sig.engine}, this bundle is {view.engine}")
+        which = f"this bundle is {view.engine}" if view.engine else "the bundle names no engine"
+        return Match(sig, 0.0, (), f"for {sig.engine}, {which}")
     results = tuple(evaluate(rule, view) for rule in sig.rules)
     failed = [r for r in results if r.rule.required and r.status == "not-matched"]
     if failed:

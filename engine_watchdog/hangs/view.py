@@ -115,11 +115,12 @@ def build_view(raw: RawBundle) -> BundleView:
     log = _log_lines(raw.files.get("engine.log"))
     gpus, driver = _gpus(_json(raw, "gpu.json", notes), notes)
     found = engine_versions(manifest, versions, log or ())
+    procs = _procs(raw, manifest, notes)
     return BundleView(
         name=str(manifest.get("name") or raw.name),
-        engine=str(manifest.get("engine") or ""),
+        engine=str(manifest.get("engine") or "") or engine_of(procs),
         manifest=manifest,
-        procs=_procs(raw, manifest, notes),
+        procs=procs,
         gpus=gpus,
         gpu_driver=driver,
         collectives=parse_collectives(raw.files, notes),
@@ -134,6 +135,25 @@ def build_view(raw: RawBundle) -> BundleView:
         notes=tuple(notes),
         group=group_of(raw.files.get(GROUP_FILE)),
     )
+
+
+_ENGINE_WORDS = (
+    ("vllm", ("vllm", "VLLM::")),
+    ("sglang", ("sglang",)),
+    ("llamacpp", ("llama-server",)),
+    ("trtllm", ("trtllm-serve", "tritonserver", "tensorrt_llm")),
+)
+
+
+def engine_of(procs: tuple[ProcView, ...]) -> str:
+    """The engine a bundle without a manifest's ``engine`` runs, from its processes' command
+    lines and titles ("" when none says)."""
+    for p in procs:
+        text = " ".join((p.title, *p.cmdline[:3]))
+        for engine, words in _ENGINE_WORDS:
+            if any(w in text for w in words):
+                return engine
+    return ""
 
 
 def _json(raw: RawBundle, rel: str, notes: list[str]) -> Any:

@@ -377,3 +377,16 @@ def test_the_shm_broadcast_line_of_an_idle_engine_is_no_evidence(tmp_path: Path)
     assert unknown.kind == "none" and unknown.results[0].status == "unknown"
     guard = [{"t": 5.0, "kind": "guard", "open": 4, "decoding": 0}]
     assert judge("guarded", [STATS_IDLE, SHM], guard).kind == "match"
+
+
+def test_an_engine_signature_needs_the_bundle_to_name_its_engine(tmp_path: Path) -> None:
+    """A spinning GPU in a folder that names no engine is no vLLM hang; the command line names
+    the engine when the manifest does not."""
+    s = sigs({"kind": "gpu", "state": "busy", "scope": "all", "weight": 3, "required": True})
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "gpu.json").write_text(json.dumps({"available": True, "gpus": [nvml_only("X", 100, 0)]}))
+    m = only(match_bundle(read_bundle(b), s))
+    assert m.kind == "none" and "names no engine" in m.gate
+    (b / "processes.json").write_text(json.dumps([proc(1, "other", SERVE)]))
+    assert only(match_bundle(read_bundle(b), s)).kind == "match"
