@@ -173,10 +173,11 @@ def source_md(name: str, case: dict[str, Any]) -> str:
 
 def all_cases() -> dict[str, dict[str, Any]]:
     from tests.data.hangs_eval.cases_negative import NEGATIVE
+    from tests.data.hangs_eval.cases_negative_more import NEGATIVE_MORE
     from tests.data.hangs_eval.cases_positive import POSITIVE
     from tests.data.hangs_eval.cases_positive_more import POSITIVE_MORE
 
-    every = {**POSITIVE, **POSITIVE_MORE, **NEGATIVE}
+    every = {**POSITIVE, **POSITIVE_MORE, **NEGATIVE, **NEGATIVE_MORE}
     for name, case in every.items():
         assert case["kind"] in KINDS, name
         assert (case["kind"] == "positive") == bool(case.get("expect")), name
