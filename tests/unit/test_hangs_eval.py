@@ -56,7 +56,7 @@ def test_every_case_cites_its_report_and_no_positive_is_a_catalog_citation() -> 
 
 NO_POSITIVE_YET = {
     # Signatures whose bug no uncited upstream report shows with evidence a bundle can hold
-    # (docs/known-hangs.md, "Evaluation on upstream reports", lists the searches run).
+    # (docs/known-hangs.md, "Signatures without a positive case", lists the searches run).
     "lmcache-rocm-import-event-deadlock",
     "nccl-2289-cross-node-cudagraph-deadlock",
     "sglang-flashinfer-0614-fp4-moe-gemm-wedge",
