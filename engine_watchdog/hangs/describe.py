@@ -13,6 +13,7 @@ from engine_watchdog.hangs.schema import (
     GpuModelRule,
     GpuRule,
     LogRule,
+    MultiNodeRule,
     Rule,
     VersionRule,
 )
@@ -56,10 +57,12 @@ _DESCRIBE: dict[type[Rule], Callable[..., str]] = {
         "log line with "
         + " + ".join([" | ".join(r.any_of)] * bool(r.any_of) + list(r.all_of))
         + (f" (at least {r.min_count})" if r.min_count > 1 else "")
+        + (" beside requests running or waiting" if r.only_with_requests else "")
     ),
     FlagRule: _describe_flag,
     CmdlineRule: lambda r: f"command line mentions {' / '.join(r.any_of)}",
     EnvRule: lambda r: f"{r.name}={r.equals}" if r.equals is not None else f"{r.name} set",
+    MultiNodeRule: lambda r: "several nodes",
     VersionRule: lambda r: (
         f"{'NCCL' if r.component == 'nccl' else 'engine'} version in "
         f"[{r.min_version or '-'}, {r.max_version or '-'}]"

@@ -55,6 +55,7 @@ _RULE_FIELDS: dict[str, dict[str, tuple[type, tuple[str, ...] | None]]] = {
         "all_of": (tuple, None),
         "none_of": (tuple, None),
         "min_count": (int, None),
+        "only_with_requests": (bool, None),
     },
     "flag": {
         "names": (tuple, None),
@@ -69,6 +70,7 @@ _RULE_FIELDS: dict[str, dict[str, tuple[type, tuple[str, ...] | None]]] = {
         "max_version": (str, None),
         "component": (str, VERSION_COMPONENTS),
     },
+    "multi_node": {},
 }
 _NEEDS = {  # at least one of these fields must be given and non-empty
     "frame": ("frames", "any_frames"),
@@ -80,6 +82,7 @@ _NEEDS = {  # at least one of these fields must be given and non-empty
     "cmdline": ("any_of",),
     "env": ("name",),
     "version": ("min_version", "max_version"),
+    "multi_node": (),
 }
 
 
@@ -231,7 +234,7 @@ def _rule(raw: Any, at: str) -> Rule:
     for key, (typ, allowed) in fields.items():
         if key in raw:
             kwargs[key] = _typed(raw[key], typ, allowed, f"{at}.{key}")
-    if not any(kwargs.get(k) for k in _NEEDS[kind]):
+    if _NEEDS[kind] and not any(kwargs.get(k) for k in _NEEDS[kind]):
         raise SignatureFileError(f"{at}: a {kind} rule needs {' or '.join(_NEEDS[kind])}")
     return RULE_TYPES[kind](**kwargs)
 

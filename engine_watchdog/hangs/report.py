@@ -16,7 +16,7 @@ from functools import partial
 from engine_watchdog.hangs import report_parts as rp
 from engine_watchdog.hangs.collectives import collectives_lines
 from engine_watchdog.hangs.match import Match, reported
-from engine_watchdog.hangs.render import match_lines, nothing_matched
+from engine_watchdog.hangs.render import named_lines, nothing_matched
 from engine_watchdog.hangs.schema import SignatureSet
 from engine_watchdog.hangs.view import BundleView
 
@@ -144,11 +144,7 @@ def _matches(matches: Sequence[Match], sigs: SignatureSet, evidence: bool) -> li
     best = reported(matches)
     if not best:
         return [nothing_matched(matches, sigs)]
-    out: list[str] = []
-    for m in best[:3]:
-        lines = match_lines(m)
-        out += lines if evidence else lines[: lines.index("  - Evidence:")]
-    return out
+    return named_lines(best[:3], evidence)
 
 
 def _environment(view: BundleView, sglang: bool) -> list[str]:

@@ -12,6 +12,8 @@ from typing import Literal
 
 from engine_watchdog.hangs import cmdline as cl
 from engine_watchdog.hangs.describe import describe
+from engine_watchdog.hangs.gpustate import GpuState, gpu_state, matches_state
+from engine_watchdog.hangs.inflight import in_flight
 from engine_watchdog.hangs.schema import (
     CmdlineRule,
     EnvRule,
@@ -21,9 +23,11 @@ from engine_watchdog.hangs.schema import (
     GpuModelRule,
     GpuRule,
     LogRule,
+    MultiNodeRule,
     Rule,
     VersionRule,
 )
+from engine_watchdog.hangs.topology import several_nodes
 from engine_watchdog.hangs.versions import in_range
 from engine_watchdog.hangs.view import BundleView, FrameView, GpuView, ProcView
 
@@ -44,6 +48,9 @@ class RuleResult:
     evidence: tuple[Evidence, ...] = ()
     note: str = ""
     """Why it is unknown or not matched, in a few words."""
+    credit: float = 1.0
+    """The share of the rule's weight a match earns: below 1 when the evidence is indirect (a
+    spinning GPU read from NVML alone, without GPM)."""
 
 
 Found = tuple[bool | None, list[Evidence], str]
@@ -51,12 +58,16 @@ Found = tuple[bool | None, list[Evidence], str]
 
 
 def evaluate(rule: Rule, view: BundleView) -> RuleResult:
-    hit, evidence, note = _EVALUATORS[type(rule)](rule, view)
+    if isinstance(rule, GpuRule):
+        hit, evidence, note, credit = _gpu(rule, view)
+    else:
+        hit, evidence, note = _EVALUATORS[type(rule)](rule, view)
+        credit = 1.0
     if hit is None:
         return RuleResult(rule, "unknown", (), note)
     if not rule.negate:
         status: Status = "matched" if hit else "not-matched"
-        return RuleResult(rule, status, tuple(evidence[:MAX_EVIDENCE]), note)
+        return RuleResult(rule, status, tuple(evidence[:MAX_EVIDENCE]), note, credit)
     if hit:  # present, where this hang has it absent
         return RuleResult(rule, "not-matched", tuple(evidence[:MAX_EVIDENCE]), "present")
     absent = Evidence(_source(rule), f"not found: {describe(rule, negated=False)}")
@@ -71,6 +82,7 @@ def _source(rule: Rule) -> str:
         FlightRecorderRule: "flight_recorder/",
         LogRule: "engine.log",
         VersionRule: "engine.log",
+        MultiNodeRule: "processes.json",
     }.get(type(rule), "processes.json")
 
 
@@ -139,33 +151,38 @@ def _frames(rule: FrameRule, view: BundleView) -> Found:
     return ok, ev, f"{len(ev)} of {len(with_stacks)} process(es) with stacks"
 
 
-def _gpu_is(g: GpuView, state: str) -> bool:
-    return (
-        g.classification in ("spinning", "computing")
-        if state == "busy"
-        else g.classification == state
-    )
-
-
-def _gpu_text(g: GpuView) -> str:
+def _gpu_text(g: GpuView, s: GpuState) -> str:
+    if s.how:
+        return f"GPU {g.index} {g.name}: {s.state} ({s.how})"
     util = "" if g.util_pct is None else f", util {g.util_pct:g} %"
     power = "" if g.power_w is None else f", {g.power_w:g} W"
     return f"GPU {g.index} {g.name}: {g.classification}{util}{power}"
 
 
-def _gpu(rule: GpuRule, view: BundleView) -> Found:
-    gpus = [g for g in view.gpus or () if g.classification != "unknown"]
+def _gpu(rule: GpuRule, view: BundleView) -> tuple[bool | None, list[Evidence], str, float]:
+    read = [(g, gpu_state(g)) for g in view.gpus or ()]
+    gpus = [(g, s) for g, s in read if s.state != "unknown"]
     if not gpus:
-        return None, [], "no GPU classification in the bundle"
-    hits = [g for g in gpus if _gpu_is(g, rule.state)]
+        return None, [], "no GPU classification in the bundle", 1.0
+    hits = [(g, s, c) for g, s in gpus if (c := matches_state(s, rule.state)) > 0]
     if rule.scope == "all":
         ok = len(hits) == len(gpus)
     elif rule.scope == "split":
-        peers = [g for g in gpus if _gpu_is(g, rule.peer_state) and g not in hits]
+        hit_ids = {g.index for g, _, _ in hits}
+        peers = [
+            (g, s, c)
+            for g, s in gpus
+            if g.index not in hit_ids and (c := matches_state(s, rule.peer_state)) > 0
+        ]
         ok, hits = bool(hits) and bool(peers), hits + peers
     else:
         ok = bool(hits)
-    return ok, [Evidence("gpu.json", "; ".join(_gpu_text(g) for g in hits or gpus))], ""
+    credits = [c for _, _, c in hits]
+    credit = (max(credits) if rule.scope == "any" else min(credits)) if ok else 1.0
+    shown = [(g, s) for g, s, _ in hits] if hits else gpus
+    text = "; ".join(_gpu_text(g, s) for g, s in shown)
+    note = "read from NVML alone (no GPM): half weight" if ok and credit < 1 else ""
+    return ok, [Evidence("gpu.json", text)], note, credit
 
 
 def _gpu_model(rule: GpuModelRule, view: BundleView) -> Found:
@@ -202,14 +219,24 @@ def _log(rule: LogRule, view: BundleView) -> Found:
     if view.log is None:
         return None, [], "no engine.log in the bundle"
     hits = [(i, line) for i, line in enumerate(view.log, 1) if _line_hit(line, rule)]
+    if len(hits) >= rule.min_count and rule.only_with_requests:
+        work = in_flight(view)
+        if work.busy is None:
+            return None, [], "the line alone is no hang, and nothing says requests were in flight"
+        if not work.busy:
+            return False, [], f"no request running or waiting ({work.file}, {work.detail})"
+        line_ev = _log_evidence(hits, len(view.log))
+        return True, [*line_ev, Evidence(work.file, f"requests in flight: {work.detail}")], ""
+    ev = _log_evidence(hits, len(view.log))
+    return len(hits) >= rule.min_count, ev, f"{len(hits)} matching line(s)"
+
+
+def _log_evidence(hits: list[tuple[int, str]], total: int) -> list[Evidence]:
     shown = hits[:2] + hits[-1:] if len(hits) > 3 else hits
-    ev = [
-        Evidence("engine.log", f"line {i} of {len(view.log)}: {line.strip()[:240]}")
-        for i, line in shown
-    ]
+    ev = [Evidence("engine.log", f"line {i} of {total}: {line.strip()[:240]}") for i, line in shown]
     if len(hits) > 3:
         ev.insert(2, Evidence("engine.log", f"... {len(hits)} matching lines in all"))
-    return len(hits) >= rule.min_count, ev, f"{len(hits)} matching line(s)"
+    return ev
 
 
 def _with_cmdline(view: BundleView, role: str) -> list[ProcView]:
@@ -269,9 +296,14 @@ def _nccl_version(rule: VersionRule, view: BundleView) -> Found:
     return ok, [Evidence("engine.log", f"NCCL version {view.nccl_version}")], ""
 
 
+def _multi_node(rule: MultiNodeRule, view: BundleView) -> Found:
+    ok, found, note = several_nodes(view)
+    return ok, [Evidence(f, d) for f, d in found], note
+
+
 _EVALUATORS: dict[type[Rule], Callable[..., Found]] = {
     FrameRule: _frames,
-    GpuRule: _gpu,
+    MultiNodeRule: _multi_node,
     GpuModelRule: _gpu_model,
     FlightRecorderRule: _flight,
     LogRule: _log,

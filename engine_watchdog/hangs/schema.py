@@ -11,10 +11,15 @@ Every rule kind reads one thing a bundle holds (docs/known-hangs.md has the file
 - ``cmdline``: words anywhere on the command line (the model name, a quantization);
 - ``env``: an environment variable of the engine's processes;
 - ``version``: the engine's version (or NCCL's: ``component``), found in the bundle, within a
-  range.
+  range;
+- ``multi_node``: the engine spans several nodes (any launcher's sign: hangs/topology.py).
 
-A rule with ``negate`` holds when its condition does not. A rule with ``required`` must hold for
-the signature to count at all.
+A rule with ``negate`` holds when its condition does not. A rule with ``required`` must not be
+contradicted for the signature to count at all (docs/known-hangs.md: match and possible match).
+
+The kinds are of two sorts: ``frame``, ``gpu``, ``log`` and ``flight_recorder`` read what the
+engine was doing (the hang itself); the others read how it was set up. A signature is named only
+when something of the first sort matched.
 """
 
 from __future__ import annotations
@@ -84,6 +89,10 @@ class LogRule(Rule):
     all_of: tuple[str, ...] = ()
     none_of: tuple[str, ...] = ()
     min_count: int = 1
+    only_with_requests: bool = False
+    """The line means a hang only beside requests running or waiting (a line an idle engine
+    logs too): with the bundle showing none, the rule does not hold; with nothing telling, it
+    is unknown."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +127,11 @@ class VersionRule(Rule):
     in the engine log)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class MultiNodeRule(Rule):
+    """The engine spans several nodes (no fields of its own)."""
+
+
 KIND_OF: dict[type[Rule], str] = {
     FrameRule: "frame",
     GpuRule: "gpu",
@@ -128,7 +142,10 @@ KIND_OF: dict[type[Rule], str] = {
     CmdlineRule: "cmdline",
     EnvRule: "env",
     VersionRule: "version",
+    MultiNodeRule: "multi_node",
 }
+SYMPTOM_KINDS = frozenset({"frame", "gpu", "log", "flight_recorder"})
+"""Kinds that read what the engine was doing; the rest read its set-up."""
 RULE_TYPES: dict[str, type[Rule]] = {kind: cls for cls, kind in KIND_OF.items()}
 
 

@@ -4,7 +4,8 @@ The bundle format (docs/bundle.md) records engine-watchdog's own versions; the e
 its log, in the lines the engines print themselves (vLLM: ``vLLM API server version X``,
 ``Initializing a V1 LLM engine (vX)``, ``vLLM is using nccl==X``; NCCL: ``NCCL version X``;
 ``collect_env`` output pasted into a log: ``vLLM Version: X``, ``CUDA runtime version: X``).
-A manifest or versions.json field ``engine_version`` wins when a later bundle writer adds one.
+A manifest or versions.json field ``engine_version`` (``nccl_version``, ``cuda_version``) wins
+when a bundle writer records one.
 """
 
 from __future__ import annotations
@@ -39,12 +40,16 @@ class FoundVersions:
 def engine_versions(
     manifest: Mapping[str, Any], versions: Mapping[str, Any], log: Sequence[str]
 ) -> FoundVersions:
-    explicit = manifest.get("engine_version") or versions.get("engine_version")
     lines = list(log[:SCAN_LINES]) + list(log[-SCAN_LINES:])
+
+    def pick(key: str, patterns: Iterable[re.Pattern[str]]) -> str:
+        explicit = manifest.get(key) or versions.get(key)
+        return str(explicit)[:80] if explicit else _first(patterns, lines)
+
     return FoundVersions(
-        engine=str(explicit)[:80] if explicit else _first(_ENGINE, lines),
-        nccl=_first(_NCCL, lines),
-        cuda=_first(_CUDA, lines),
+        engine=pick("engine_version", _ENGINE),
+        nccl=pick("nccl_version", _NCCL),
+        cuda=pick("cuda_version", _CUDA),
     )
 
 

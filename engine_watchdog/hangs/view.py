@@ -74,6 +74,12 @@ class GpuView:
     classification: str
     util_pct: float | None
     power_w: float | None
+    mem_util_pct: float | None = None
+    """NVML's memory-controller utilisation (DRAM traffic), read on every GPU NVML supports."""
+    sm_clock_mhz: float | None = None
+    power_limit_w: float | None = None
+    gpm: bool = False
+    """GPM figures were read (Hopper and later): the classification can tell a spin from work."""
 
 
 @dataclass(frozen=True)
@@ -109,11 +115,12 @@ def build_view(raw: RawBundle) -> BundleView:
     log = _log_lines(raw.files.get("engine.log"))
     gpus, driver = _gpus(_json(raw, "gpu.json", notes), notes)
     found = engine_versions(manifest, versions, log or ())
+    procs = _procs(raw, manifest, notes)
     return BundleView(
         name=str(manifest.get("name") or raw.name),
-        engine=str(manifest.get("engine") or ""),
+        engine=str(manifest.get("engine") or "") or engine_of(procs),
         manifest=manifest,
-        procs=_procs(raw, manifest, notes),
+        procs=procs,
         gpus=gpus,
         gpu_driver=driver,
         collectives=parse_collectives(raw.files, notes),
@@ -128,6 +135,25 @@ def build_view(raw: RawBundle) -> BundleView:
         notes=tuple(notes),
         group=group_of(raw.files.get(GROUP_FILE)),
     )
+
+
+_ENGINE_WORDS = (
+    ("vllm", ("vllm", "VLLM::")),
+    ("sglang", ("sglang",)),
+    ("llamacpp", ("llama-server",)),
+    ("trtllm", ("trtllm-serve", "tritonserver", "tensorrt_llm")),
+)
+
+
+def engine_of(procs: tuple[ProcView, ...]) -> str:
+    """The engine a bundle without a manifest's ``engine`` runs, from its processes' command
+    lines and titles ("" when none says)."""
+    for p in procs:
+        text = " ".join((p.title, *p.cmdline[:3]))
+        for engine, words in _ENGINE_WORDS:
+            if any(w in text for w in words):
+                return engine
+    return ""
 
 
 def _json(raw: RawBundle, rel: str, notes: list[str]) -> Any:
@@ -215,7 +241,26 @@ def _frame(f: Mapping[str, Any]) -> FrameView:
     short = _text(f.get("short_filename")) or file.rsplit("/", 1)[-1]
     native = f.get("module") is not None or line == 0
     name = _text(f.get("name")) or "?"
-    return FrameView(name, file, short, line, native, name.rsplit(".", 1)[-1])
+    return FrameView(name, file, short, line, native, _own_name(name, native))
+
+
+def _own_name(name: str, native: bool) -> str:
+    """The function's own name: ``Thread.run`` -> ``run``; for a native frame also without the
+    C++ return type, namespaces, template arguments and parameters, so a pattern can name the
+    culprit kernel's launcher (``void flashinfer::sampling::RadixTopKMaskLogitsMultiCTA<float,
+    int>(float*, ...)`` -> ``RadixTopKMaskLogitsMultiCTA``)."""
+    if not native or ("::" not in name and "<" not in name and "(" not in name):
+        return name.rsplit(".", 1)[-1]
+    flat, depth = [], 0
+    for ch in name:  # drop everything inside <...> and (...), nested or not
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)" and depth:
+            depth -= 1
+        elif not depth:
+            flat.append(ch)
+    own = "".join(flat).strip().rsplit("::", 1)[-1].split()
+    return own[-1] if own else name
 
 
 def _gpus(snap: Any, notes: list[str]) -> tuple[tuple[GpuView, ...] | None, str]:
@@ -230,13 +275,18 @@ def _gpus(snap: Any, notes: list[str]) -> tuple[tuple[GpuView, ...] | None, str]
         if not isinstance(g, dict):
             continue
         util = g.get("utilization_pct")
+        util = util if isinstance(util, dict) else {}
         out.append(
             GpuView(
                 index=_int(g.get("index")),
                 name=_text(g.get("name")),
                 classification=_text(g.get("classification") or "unknown", 20),
-                util_pct=_num(util.get("gpu")) if isinstance(util, dict) else None,
+                util_pct=_num(util.get("gpu")),
                 power_w=_num(g.get("power_w")),
+                mem_util_pct=_num(util.get("memory")),
+                sm_clock_mhz=_num(g.get("sm_clock_mhz")),
+                power_limit_w=_num(g.get("power_limit_w")),
+                gpm=isinstance(g.get("gpm_pct"), dict) and bool(g.get("gpm_pct")),
             )
         )
     return (tuple(out) or None), _text(snap.get("driver_version"), 60)
