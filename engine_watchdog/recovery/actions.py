@@ -131,7 +131,11 @@ class EngineActions:
         if self.hand_off:
             self.hand_off(result.path)
         statuses = ", ".join(f"{s.name} {s.status}" for s in result.steps)
-        known = f"; resembles known hang {result.signature}" if result.signature != "none" else ""
+        known = ""
+        if result.signature.startswith("possible:"):  # (hangs/: what decides it was not seen)
+            known = f"; possibly resembles known hang {result.signature.removeprefix('possible:')}"
+        elif result.signature != "none":
+            known = f"; resembles known hang {result.signature}"
         return Outcome(
             Result.OK, f"bundle {result.path} in {result.elapsed_s:.1f} s ({statuses}){known}"
         )

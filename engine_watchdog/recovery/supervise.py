@@ -34,6 +34,9 @@ from engine_watchdog.recovery.orphans import remove_stamp, write_stamp
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 15.0
+HARD_GRACE_S = 3.0
+"""After SIGTERM, before SIGKILL, when a stuck engine is restarted (its stacks are in the bundle
+already: the capture rung comes first)."""
 OUTPUT_DRAIN_S = 5.0
 """After the engine ended: how long its last output may take to reach the log."""
 
@@ -106,7 +109,7 @@ class ChildEngine:
         async with self._lock:
             if self.started_t > stalled_since:
                 return Outcome(Result.SKIPPED, "the engine was restarted after the stall began")
-            await self._stop()
+            await self._stop(hard=True)
             await self.start()
         return Outcome(Result.OK, f"engine restarted (pid {self.proc.pid if self.proc else '?'})")
 
@@ -137,9 +140,11 @@ class ChildEngine:
             remove_stamp(self.pid_path)
 
     async def _stop(self, hard: bool = False) -> None:
-        """End the engine: gracefully on shutdown; ``hard`` (a stuck engine) kills its children
-        first, so the API server fails the stuck requests and exits at once instead of waiting
-        out the grace for streams that will never finish."""
+        """End the engine: gracefully on shutdown; ``hard`` (a stuck engine, restarted) kills
+        its children first, so the API server fails the stuck requests and exits at once
+        instead of waiting out the grace for streams that will never finish, and gives the rest
+        HARD_GRACE_S: a single-process engine stuck in a step (llama.cpp's llama-server) never
+        ends on SIGTERM (its handler waits for the step)."""
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return
@@ -147,7 +152,7 @@ class ChildEngine:
             await asyncio.to_thread(_kill_children, proc.pid)
         for sig, wait in (
             (signal.SIGCONT, 0.0),
-            (signal.SIGTERM, STOP_GRACE_S),
+            (signal.SIGTERM, HARD_GRACE_S if hard else STOP_GRACE_S),
             (signal.SIGKILL, 10.0),
         ):
             with contextlib.suppress(ProcessLookupError):
