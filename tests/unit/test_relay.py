@@ -398,7 +398,7 @@ def test_a_fork_while_the_thread_relays_never_leaves_the_child_a_locked_mutex() 
 
         codes = [in_child(touch) for _ in range(30)]
         assert codes == [0] * 30
-        assert r.pump.counts()[0] > 30  # (the thread was serving all along)
+        assert r.pump.counts()[0] > 0  # (the thread was serving meanwhile)
     finally:
         stop.set()
         for t in floods:  # (before the sockets close under them)
