@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import statistics
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -130,13 +131,17 @@ async def test_the_pace_and_the_length_knobs_hold(up: upstream.Upstream) -> None
         done = await asyncio.gather(*(one() for _ in range(n_streams)))
         return [g for g, _ in done], [n for _, n in done]
 
-    mean, counts = await gaps(20, 41)
+    fast, counts = await gaps(20, 41)
     assert counts == [41] * 20
-    assert all(0.00425 < g < 0.00575 for g in mean), mean  # 200 events/s: 5 ms apart
+    assert all(g > 0.00475 for g in fast), fast  # 200 events/s: 5 ms apart, never less
     await up.config(50.0, stream_tokens=21)
-    mean, counts = await gaps(20, 100)
+    slow, counts = await gaps(20, 100)
     assert counts == [21] * 20  # the length knob over the request's max_tokens
-    assert all(0.017 < g < 0.023 for g in mean), mean  # 50 events/s: 20 ms apart
+    assert all(g > 0.019 for g in slow), slow  # 50 events/s: 20 ms apart, never less
+    # the pace knob, whatever else the machine runs (a loaded one stretches every gap alike):
+    # a quarter of the rate, four times the gap
+    ratio = statistics.median(slow) / statistics.median(fast)
+    assert 3.2 < ratio < 4.8, (ratio, fast, slow)
 
 
 def metric(body: bytes, name: str) -> float:

@@ -11,16 +11,20 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 
 import aiohttp
 import pytest
 
+from engine_watchdog.core.serving import GuardSettings
 from engine_watchdog.guard import scan
+from engine_watchdog.guard.drain import drain
 from engine_watchdog.guard.errors import DONE
+from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.sim.launcher import free_port
 from tests.tools import guard_stress
 from tests.tools.cli import CONSOLE_SCRIPT
-from tests.tools.guard import wait_listening
+from tests.tools.guard import upstream, wait_listening
 
 pytestmark = pytest.mark.timeout(300)
 SANITIZED = os.environ.get("ENGINE_WATCHDOG_SANITIZED", "")
@@ -41,6 +45,44 @@ async def test_hundreds_of_streams_of_every_fate_end_as_they_must_and_leave_noth
         assert rss_2 - rss_1 < 10.0, out["marks"]  # no growth from one wave to the next
     if scan.COMPILED:
         assert out["relay"][0] > 0, out  # type: ignore[index]  # (the thread did serve)
+
+
+async def test_a_drain_with_streams_on_the_thread_ends_each_whole_or_with_the_error() -> None:
+    """What SIGTERM does to the guard, in this process (so that make sanitize watches the C):
+    the drain (1 s) with 60 streams open, many on the relay thread, then the guard stopped,
+    its thread with them: every client gets its stream whole, or its prefix then the error
+    event; nothing is left open."""
+    engine = guard_stress.Engine(pace_s=0.1)
+    server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
+    engine.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    seeds = [s for s in range(700_000, 701_000) if guard_stress.fate_of(s) == "whole"][:60]
+    guard = Guard(GuardSettings(), upstream(engine.url))
+    await guard.start("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{guard.port}"
+    try:
+        streams = [asyncio.create_task(stream(url, s)) for s in seeds]
+        await until_true(lambda: guard.lanes is None or len(guard.lanes.adopted) >= 10, 30)
+        on_thread = 0 if guard.lanes is None else len(guard.lanes.adopted)
+        ended = await drain(guard, 1.0)
+        await guard.stop()
+        bodies = await asyncio.wait_for(asyncio.gather(*streams), 30)
+    finally:
+        await guard.stop()
+        server.close()
+    assert not guard.open and ended > 0, (guard.open, ended)
+    for seed, body in zip(seeds, bodies, strict=True):
+        whole = guard_stress.plan(seed).body
+        if body != whole:
+            assert body.endswith(DONE) and b"ServiceUnavailableError" in body[-600:], body[-300:]
+            assert whole.startswith(body[: body.rfind(b'data: {"error"')].rstrip(b"\n")), seed
+    print(f"\n[stress] drain: {on_thread} streams on the thread, {ended} ended")
+
+
+async def until_true(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
 
 
 async def guard_process(
@@ -79,7 +121,7 @@ async def test_sigterm_mid_stream_ends_every_stream_whole_or_with_the_error_even
     engine = guard_stress.Engine(pace_s=0.25)  # 3-40 writes each: most outlast the drain
     server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
     engine.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    seeds = [s for s in range(900_000, 901_000) if guard_stress.plan(s).fate == "whole"][:60]
+    seeds = [s for s in range(900_000, 901_000) if guard_stress.fate_of(s) == "whole"][:60]
     proc, url = await guard_process(engine.url, "--guard-drain-seconds", "2")
     try:
         streams = [asyncio.create_task(stream(url, s)) for s in seeds]
@@ -116,7 +158,7 @@ async def test_a_guard_out_of_descriptors_keeps_every_client_answered_then_serve
     engine = guard_stress.Engine()
     server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
     engine.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    seeds = [s for s in range(800_000, 801_000) if guard_stress.plan(s).fate == "whole"][:41]
+    seeds = [s for s in range(800_000, 801_000) if guard_stress.fate_of(s) == "whole"][:41]
     proc, url = await guard_process(engine.url, nofile=64)
     try:
         burst = await asyncio.wait_for(asyncio.gather(*(outcome(url, s) for s in seeds[:40])), 90)

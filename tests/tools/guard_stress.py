@@ -94,7 +94,14 @@ def event(rng: random.Random, i: int, seed: int, eol: bytes, space: bool) -> byt
     return extra + lead + json.dumps(doc, separators=(",", ":")).encode() + eol + eol
 
 
+def fate_of(seed: int) -> str:
+    """The fate of stream ``seed`` (what :func:`plan` draws first)."""
+    return random.Random(seed).choice(FATES)
+
+
 def plan(seed: int) -> Plan:
+    """Stream ``seed``'s plan (the engine, its client and the check each make it again: a cache
+    would hold every stream's bytes, and the test reads the harness's memory too)."""
     rng = random.Random(seed)
     fate = rng.choice(FATES)
     eol = rng.choice([b"\n", b"\r\n", b"\r"])

@@ -1,4 +1,4 @@
-"""The matcher on the evidence real incidents have (issue 36): stacks or environment missing,
+"""The matcher on the evidence real incidents have: stacks or environment missing,
 GPUs without GPM, every multi-node launcher, the culprit kernel's own native frames, negated
 rules, and a log line an idle engine writes too. Each bundle here is written by hand with only
 the files the case needs."""

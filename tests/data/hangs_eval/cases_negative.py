@@ -398,7 +398,7 @@ NEGATIVE["healthy-vllm-5365-first-download"] = {
         "engine": "vllm",
         "log": [
             "[rank0]:     llm = vllm.LLM(",
-            '[rank0]:   File "/home/adc/.conda/envs/kdd/lib/python3.10/site-packages/vllm/'
+            '[rank0]:   File "~/.conda/envs/kdd/lib/python3.10/site-packages/vllm/'
             'entrypoints/llm.py", line 144, in __init__',
             "[rank0]:     self.llm_engine = LLMEngine.from_engine_args(",
             "[rank0]:     self.driver_worker.load_model()",
