@@ -259,6 +259,12 @@ class GuardObs:
     """The newest event on any stream."""
     gaps: tuple[int, ...] = ()
     quiet: tuple[QuietStream, ...] = ()
+    awaiting: int = 0
+    """Of the requests in flight, those waiting on the engine for their first token: a stream
+    with no token event yet, or a request whose answer has not begun. The engine may not count
+    them (a frozen core publishes nothing): the guard holding them is the evidence."""
+    awaiting_since: float | None = None
+    """When the oldest of them came to the guard."""
 
 
 Observation = ScrapeObs | HealthObs | ProcsObs | GpuObs | CanaryObs | RestartObs | GuardObs

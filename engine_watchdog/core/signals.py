@@ -132,6 +132,10 @@ class Signals:
 
     # -- evidence --------------------------------------------------------------------------
 
+    def stopped(self, since: float) -> Finding | None:
+        """The engine's processes stopped (state T) in the last two samples since ``since``."""
+        return self._stopped(since)
+
     def _stopped(self, since: float) -> Finding | None:
         """The last two process samples since ``since`` show the same engine process stopped.
 
