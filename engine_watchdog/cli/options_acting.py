@@ -154,14 +154,15 @@ RECOVERY = OptionGroup(
 PY_SPY_OPT = Opt(
     "--py-spy", "py_spy", "The py-spy to run [default: on PATH, or beside this Python].", str
 )
+INCIDENT_DIR_OPT = Opt(
+    "--incident-dir",
+    "incident_dir",
+    "Where incident bundles and the action history go.",
+    click.Path(file_okay=False, path_type=Path),
+)
 CAPTURE = OptionGroup(
     CaptureSettings,
-    Opt(
-        "--incident-dir",
-        "incident_dir",
-        "Where incident bundles and the action history go.",
-        click.Path(file_okay=False, path_type=Path),
-    ),
+    INCIDENT_DIR_OPT,
     Opt(
         "--engine-log",
         "engine_log",

@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tarfile
 import time
@@ -244,12 +245,23 @@ async def test_cancelled_capture_leaves_nothing(tmp_path: Path) -> None:
     assert leftovers(tmp_path / "inc") == []
 
 
-async def test_unwritable_incident_dir_is_a_clear_error(tmp_path: Path) -> None:
+async def test_an_unwritable_incident_dir_sends_the_bundle_elsewhere_and_says_where(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never lost in silence: a private temporary folder takes it, and a log line names it."""
     (tmp_path / "file").write_text("")
-    with pytest.raises(BundleError, match=r"could not write|cannot write"):
-        await write_bundle(
-            settings(tmp_path, incident_dir=tmp_path / "file" / "x"), None, [CORE], [], []
-        )
+    wanted = tmp_path / "file" / "x"
+    res = await write_bundle(settings(tmp_path, incident_dir=wanted), None, [CORE], [], [])
+    try:
+        assert res.path.parent != wanted and (res.path / "manifest.json").is_file()
+        assert stat.S_IMODE(res.path.parent.stat().st_mode) == 0o700
+        said = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert said == [
+            f"cannot write bundles in {wanted} (Not a directory): this bundle goes to "
+            f"{res.path.parent} instead; give --incident-dir a folder this user may write"
+        ]
+    finally:
+        shutil.rmtree(res.path.parent)
 
 
 async def test_tar_bundle(tmp_path: Path) -> None:

@@ -1,0 +1,120 @@
+"""An incident dir that cannot be written is said at start (one line, exit 73), by ``doctor``
+too, and a bundle it can no longer take goes to a temporary folder with a line saying where:
+never lost in silence. Through the console script. (An uncreatable path under /proc, for
+watch, guard, run and capture: tests/data/bad_input/cases.json.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from engine_watchdog.sim.launcher import SimProcess
+from tests.integration.test_bad_input import one_line_error
+from tests.tools.cli import run_cli_sync
+from tests.tools.guard import GuardProcess, completion, start_guard, stop_guard, stream
+from tests.waiting import eventually
+
+NOBODY = 65534
+AS_NOBODY = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+
+
+def _as_unprivileged() -> tuple[str, ...]:
+    if os.geteuid() != 0:
+        return ()
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: cannot run as an unprivileged user")
+    return AS_NOBODY
+
+
+def test_a_read_only_incident_dir_is_refused_at_start_as_an_unprivileged_user() -> None:
+    """Mode 0555, the watchdog not its owner's root: it started without a word before."""
+    prefix = _as_unprivileged()
+    top = Path(tempfile.mkdtemp(prefix="incident-dir-"))  # pytest's own is its owner's alone
+    try:
+        _refused_read_only(top, prefix)
+    finally:
+        shutil.rmtree(top)
+
+
+def _refused_read_only(top: Path, prefix: tuple[str, ...]) -> None:
+    top.chmod(0o755)
+    folder = top / "incidents"
+    folder.mkdir(mode=0o555)
+    args = ["watch", "http://127.0.0.1:9", "--listen", "", "--incident-dir", str(folder)]
+    ran = run_cli_sync(*args, prefix=prefix, timeout=30)
+    assert ran.code == 73, ran
+    one_line_error(ran)
+    assert f"--incident-dir {folder}: cannot create or write it (Permission denied)" in ran.err
+    with pytest.raises(subprocess.TimeoutExpired):  # --action none writes nothing there:
+        run_cli_sync(*args, "--action", "none", prefix=prefix, timeout=3)  # it watches on
+
+
+def test_doctor_says_whether_the_incident_dir_can_be_written(tmp_path: Path) -> None:
+    bad = run_cli_sync("doctor", "--json", "--incident-dir", "/proc/engine-watchdog/x")
+    good_dir = tmp_path / "not" / "yet"
+    good = run_cli_sync("doctor", "--json", "--incident-dir", str(good_dir))
+    checks = {c["name"]: c for c in json.loads(bad.out)["checks"]}
+    assert bad.code == 1, bad
+    assert checks["incident dir"]["status"] == "missing", checks["incident dir"]
+    assert "--incident-dir" in checks["incident dir"]["fix"]
+    ok = {c["name"]: c for c in json.loads(good.out)["checks"]}["incident dir"]
+    assert ok["status"] == "ok", ok
+    assert not (tmp_path / "not").exists()  # the doctor leaves nothing behind
+
+
+async def test_a_bundle_the_incident_dir_no_longer_takes_goes_elsewhere_and_says_where(
+    tmp_path: Path,
+) -> None:
+    """The folder taken away after the start (a file in its place): the first stall's bundle
+    is written in a temporary folder, and the log line names it. Before: "action capture:
+    failed could not write the bundle", and the evidence was lost."""
+    folder = tmp_path / "incidents"
+    async with SimProcess("--served-model-name", "m") as sim:
+        guard = await start_guard("watch", sim.url, "--incident-dir", str(folder), log=True)
+        log = Log(guard)
+        try:
+            await guard.wait_state("idle", 30)
+            shutil.rmtree(folder, ignore_errors=True)  # (made at start, or not yet)
+            folder.write_text("not a folder\n")
+            core = sim.engine_pids()[0]
+            os.kill(core, signal.SIGSTOP)  # idle, then a request: stalled (stopped) at once
+            try:
+                async with aiohttp.ClientSession() as s:
+                    await stream(s, guard.guard_url, completion("m", 2), timeout=30)
+                text = await eventually(lambda: log.once("action capture"), 30, 0.2, "capture")
+            finally:
+                os.kill(core, signal.SIGCONT)
+        finally:
+            await stop_guard(guard)
+    went = [json.loads(line)["msg"] for line in text.splitlines() if "goes to" in line]
+    assert went and went[0].startswith(f"cannot write bundles in {folder}"), text[-3000:]
+    fallback = Path(went[0].split("goes to ")[1].split(" instead")[0])
+    assert fallback.is_dir() and any(fallback.glob("2*/manifest.json")), went
+    assert f"action capture: ok bundle {fallback}/" in text, text[-3000:]
+    shutil.rmtree(fallback)
+
+
+class Log:
+    """A watchdog's log on its stderr pipe, read as it comes (never blocking on it)."""
+
+    def __init__(self, guard: GuardProcess) -> None:
+        self.proc, self.text = guard.proc, ""
+
+    async def once(self, what: str) -> str | None:
+        """The log so far, once it holds ``what``."""
+        assert self.proc.stderr is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.1):
+                while chunk := await self.proc.stderr.read(65536):
+                    self.text += chunk.decode(errors="replace")
+        return self.text if what in self.text else None
