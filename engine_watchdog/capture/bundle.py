@@ -25,7 +25,7 @@ from typing import Any
 
 from engine_watchdog.capture import evidence
 from engine_watchdog.capture.known_hangs import KnownHangs, known_hangs
-from engine_watchdog.capture.manifest import cause_of, draft_manifest, finish_manifest
+from engine_watchdog.capture.manifest import draft_manifest, finish_manifest
 from engine_watchdog.capture.retention import (
     cannot_write,
     fallback_dir,
@@ -42,7 +42,7 @@ from engine_watchdog.capture.step import (
     StepResult,
 )
 from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
-from engine_watchdog.core.model import ProcInfo, Verdict
+from engine_watchdog.core.model import ProcInfo, Verdict, incident_id
 from engine_watchdog.core.redact import Masker
 from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.hangs.group import GROUP_FILE, culprit_lines, group_of
@@ -63,6 +63,9 @@ class BundleSettings:
     capture: CaptureSettings = field(default_factory=CaptureSettings)
     """Where and how bundles are written (the --incident-dir, --engine-log, --tar options)."""
     engine: str = "vllm"
+    target: str = ""
+    """The engine's URL as every report shows it (credentials redacted), into the manifest:
+    a report reads the action history of this target's incident only."""
     destructive: bool = False
     """True only as part of a restart (lets a CUDA core dump run)."""
     step_grace_s: float = 2.0
@@ -230,7 +233,8 @@ async def write_bundle(
     """Capture and write one bundle; raises :class:`BundleError` (nothing left) if it cannot."""
     t0, created = time.monotonic(), float(settings.clock())
     settings = await asyncio.to_thread(_writable, settings)
-    name = bundle_name(created, settings.engine, cause_of(verdict))
+    # A stall's bundle is named by its incident (the log lines' and action records' too).
+    name = incident_id(verdict) if verdict else bundle_name(created, settings.engine, "manual")
     tools = dict(settings.tools) if settings.tools is not None else resolve_tools()
     tmp = await asyncio.to_thread(_make_tmp, settings.incident_dir, name)
     try:
@@ -258,8 +262,8 @@ async def write_bundle(
         draft = draft_manifest(
             name, created, settings.engine, settings.destructive, verdict, procs, results, elapsed
         )
-        if version:
-            draft["engine_version"] = version
+        draft |= {"engine_version": version} if version else {}
+        draft |= {"target": settings.target} if settings.target else {}
         hangs = await asyncio.to_thread(known_hangs, tmp, draft, settings.capture.signatures)
         await asyncio.to_thread(_write_summary, tmp, settings, info, hangs)
         manifest = await asyncio.to_thread(

@@ -1,7 +1,9 @@
 """An incident dir that cannot be written is said at start (one line, exit 73), by ``doctor``
 too, and a bundle it can no longer take goes to a temporary folder with a line saying where:
-never lost in silence. Through the console script. (An uncreatable path under /proc, for
-watch, guard, run and capture: tests/data/bad_input/cases.json.)"""
+never lost in silence. An incident dir shared by incidents and targets: a report lists what
+was tried in its own incident, and the incident has one name, in the log lines and on its
+bundle. Through the console script. (An uncreatable path under /proc, for watch, guard, run
+and capture: tests/data/bad_input/cases.json.)"""
 
 from __future__ import annotations
 
@@ -102,6 +104,46 @@ async def test_a_bundle_the_incident_dir_no_longer_takes_goes_elsewhere_and_says
     assert fallback.is_dir() and any(fallback.glob("2*/manifest.json")), went
     assert f"action capture: ok bundle {fallback}/" in text, text[-3000:]
     shutil.rmtree(fallback)
+
+
+async def test_one_incident_one_name_and_its_report_lists_its_own_actions_only(
+    tmp_path: Path,
+) -> None:
+    """Before: the incident was ``...-0-stopped`` in the log lines and ``...-vllm-stopped`` as
+    a directory, and report.md's "What was already tried" held the last 50 records of the
+    folder whatever their incident or target (one: "SIGKILL sent to engine core")."""
+    folder = tmp_path / "incidents"
+    folder.mkdir()
+    foreign = {"t": 1796000000.0, "target": "http://127.0.0.1:1", "action": "restart"}
+    foreign |= {"result": "ok", "detail": "SIGKILL sent to engine core [13725]"}
+    (folder / "actions.jsonl").write_text(json.dumps(foreign) + "\n")
+    async with SimProcess("--served-model-name", "m") as sim:
+        guard = await start_guard(
+            "watch", sim.url, "--incident-dir", str(folder), "--json", log=True
+        )
+        log = Log(guard)
+        try:
+            await guard.wait_state("idle", 30)
+            core = sim.engine_pids()[0]
+            os.kill(core, signal.SIGSTOP)
+            try:
+                async with aiohttp.ClientSession() as s:
+                    await stream(s, guard.guard_url, completion("m", 2), timeout=30)
+                text = await eventually(lambda: log.once("action capture"), 30, 0.2, "capture")
+            finally:
+                os.kill(core, signal.SIGCONT)
+        finally:
+            await stop_guard(guard)
+    (bundle,) = [p for p in folder.iterdir() if p.is_dir()]
+    stalled = next(d for d in guard.lines if d["state"] == "stalled")
+    named = {json.loads(line)["incident"] for line in text.splitlines() if '"incident":"' in line}
+    assert named == {stalled["incident"]} == {bundle.name}, (named, stalled, bundle.name)
+    ran = run_cli_sync("report", str(bundle), timeout=60)
+    assert ran.code == 0, ran
+    report = (bundle / "report.md").read_text()
+    tried = report.split("What was already tried")[1].split("\n\n", 2)[1]
+    assert "| answer | ok |" in tried and "| capture | ok |" in tried, tried
+    assert "SIGKILL" not in report and "127.0.0.1:1 " not in report, tried
 
 
 class Log:
