@@ -118,8 +118,10 @@ class Guard:
     def refuse(self, message: str | None) -> None:
         """Answer new requests 503 with ``message`` (None: pass them again)."""
         message = self.stopping or message  # draining: nothing admits again
-        if message != self.refusal:
-            log.warning("guard: %s", f"refusing new requests: {message}" if message else "passing")
+        if message != self.refusal and message:
+            log.warning("guard: refusing new requests: %s", message)
+        elif message != self.refusal:
+            log.info("guard: passing requests again")  # the all-clear is no warning
         self.refusal = message
 
     def count_stuck(self) -> None:

@@ -8,6 +8,7 @@ idle engine left alone.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -22,6 +23,7 @@ import pytest
 from engine_watchdog.sim.launcher import SimProcess
 from tests.tools.guard import (
     GuardProcess,
+    Log,
     admitted_within,
     completion,
     post_json,
@@ -42,7 +44,7 @@ ANSWERED_S = 15.0
 async def idle_watched(sim: SimProcess, incidents: Path) -> AsyncIterator[GuardProcess]:
     """``watch --guard-listen`` with the defaults, once the engine is idle and its first idle
     canary answered: from then on the idle canary comes once a minute."""
-    guard = await start_guard("watch", sim.url, "--incident-dir", str(incidents))
+    guard = await start_guard("watch", sim.url, "--incident-dir", str(incidents), log=True)
     try:
         await guard.wait_state("idle", 30)
         await eventually(lambda: _canaries_seen(guard), 30, 0.2, "an idle canary")
@@ -93,6 +95,7 @@ async def test_clients_of_an_engine_that_froze_while_idle_are_answered_within_15
         SimProcess("--served-model-name", MODEL) as sim,
         idle_watched(sim, tmp_path) as guard,
     ):
+        log = Log(guard)
         core = sim.engine_pids()[0]
         os.kill(core, signal.SIGSTOP)
         try:
@@ -103,6 +106,7 @@ async def test_clients_of_an_engine_that_froze_while_idle_are_answered_within_15
             os.kill(core, signal.SIGCONT)
         # The way out: the canary every few seconds while stalled finds it back.
         back = await admitted_within(guard.guard_url, MODEL, 30, timeout=10)
+        said = await eventually(lambda: log.once("passing requests again"), 10, 0.2, "passing")
         await post_json(sim.url + "/sim/fault", {"fault": "deadlock"})  # the next step blocks
         seen = len(guard.lines)
         try:
@@ -114,6 +118,10 @@ async def test_clients_of_an_engine_that_froze_while_idle_are_answered_within_15
         print(f"\n[guard] idle engine {name}: " + ", ".join(f"{k} {t:.1f} s" for k, t, *_ in got))
     _check(stopped, stopped_states, "stopped")
     assert back is not None, guard.states()
+    # The refusal is a warning, its all-clear is not (it was logged at WARNING too).
+    levels = {json.loads(x)["msg"][:29]: json.loads(x)["level"] for x in said.splitlines()}
+    assert levels["guard: refusing new requests:"] == "warning", levels
+    assert levels["guard: passing requests again"] == "info", levels
     _check(deadlocked, deadlocked_states, "wedged-idle")
 
 

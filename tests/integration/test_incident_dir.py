@@ -7,8 +7,6 @@ and capture: tests/data/bad_input/cases.json.)"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -23,7 +21,7 @@ import pytest
 from engine_watchdog.sim.launcher import SimProcess
 from tests.integration.test_bad_input import one_line_error
 from tests.tools.cli import run_cli_sync
-from tests.tools.guard import GuardProcess, completion, start_guard, stop_guard, stream
+from tests.tools.guard import Log, completion, start_guard, stop_guard, stream
 from tests.waiting import eventually
 
 NOBODY = 65534
@@ -144,19 +142,3 @@ async def test_one_incident_one_name_and_its_report_lists_its_own_actions_only(
     tried = report.split("What was already tried")[1].split("\n\n", 2)[1]
     assert "| answer | ok |" in tried and "| capture | ok |" in tried, tried
     assert "SIGKILL" not in report and "127.0.0.1:1 " not in report, tried
-
-
-class Log:
-    """A watchdog's log on its stderr pipe, read as it comes (never blocking on it)."""
-
-    def __init__(self, guard: GuardProcess) -> None:
-        self.proc, self.text = guard.proc, ""
-
-    async def once(self, what: str) -> str | None:
-        """The log so far, once it holds ``what``."""
-        assert self.proc.stderr is not None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(0.1):
-                while chunk := await self.proc.stderr.read(65536):
-                    self.text += chunk.decode(errors="replace")
-        return self.text if what in self.text else None
