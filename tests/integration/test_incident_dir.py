@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -21,7 +22,7 @@ import pytest
 from engine_watchdog.sim.launcher import SimProcess
 from tests.integration.test_bad_input import one_line_error
 from tests.tools.cli import run_cli_sync
-from tests.tools.guard import Log, completion, start_guard, stop_guard, stream
+from tests.tools.guard import GuardProcess, Log, completion, start_guard, stop_guard, stream
 from tests.waiting import eventually
 
 NOBODY = 65534
@@ -72,22 +73,18 @@ def test_doctor_says_whether_the_incident_dir_can_be_written(tmp_path: Path) -> 
     assert not (tmp_path / "not").exists()  # the doctor leaves nothing behind
 
 
-async def test_a_bundle_the_incident_dir_no_longer_takes_goes_elsewhere_and_says_where(
-    tmp_path: Path,
-) -> None:
-    """The folder taken away after the start (a file in its place): the first stall's bundle
-    is written in a temporary folder, and the log line names it. Before: "action capture:
-    failed could not write the bundle", and the evidence was lost."""
-    folder = tmp_path / "incidents"
+async def first_capture(folder: Path, before: Callable[[], object]) -> tuple[GuardProcess, str]:
+    """``watch --guard-listen`` on an idle simulator; ``before()``; then its engine core
+    stopped and a request sent (stalled (stopped) at once: docs/guard.md); the watchdog and its
+    log up to the capture's line."""
     async with SimProcess("--served-model-name", "m") as sim:
         guard = await start_guard("watch", sim.url, "--incident-dir", str(folder), log=True)
         log = Log(guard)
         try:
             await guard.wait_state("idle", 30)
-            shutil.rmtree(folder, ignore_errors=True)  # (made at start, or not yet)
-            folder.write_text("not a folder\n")
+            before()
             core = sim.engine_pids()[0]
-            os.kill(core, signal.SIGSTOP)  # idle, then a request: stalled (stopped) at once
+            os.kill(core, signal.SIGSTOP)
             try:
                 async with aiohttp.ClientSession() as s:
                     await stream(s, guard.guard_url, completion("m", 2), timeout=30)
@@ -96,6 +93,22 @@ async def test_a_bundle_the_incident_dir_no_longer_takes_goes_elsewhere_and_says
                 os.kill(core, signal.SIGCONT)
         finally:
             await stop_guard(guard)
+    return guard, text
+
+
+async def test_a_bundle_the_incident_dir_no_longer_takes_goes_elsewhere_and_says_where(
+    tmp_path: Path,
+) -> None:
+    """The folder taken away after the start (a file in its place): the first stall's bundle
+    is written in a temporary folder, and the log line names it. Before: "action capture:
+    failed could not write the bundle", and the evidence was lost."""
+    folder = tmp_path / "incidents"
+
+    def replaced() -> None:
+        shutil.rmtree(folder, ignore_errors=True)  # (made at start, or not yet)
+        folder.write_text("not a folder\n")
+
+    _, text = await first_capture(folder, replaced)
     went = [json.loads(line)["msg"] for line in text.splitlines() if "goes to" in line]
     assert went and went[0].startswith(f"cannot write bundles in {folder}"), text[-3000:]
     fallback = Path(went[0].split("goes to ")[1].split(" instead")[0])
@@ -115,23 +128,7 @@ async def test_one_incident_one_name_and_its_report_lists_its_own_actions_only(
     foreign = {"t": 1796000000.0, "target": "http://127.0.0.1:1", "action": "restart"}
     foreign |= {"result": "ok", "detail": "SIGKILL sent to engine core [13725]"}
     (folder / "actions.jsonl").write_text(json.dumps(foreign) + "\n")
-    async with SimProcess("--served-model-name", "m") as sim:
-        guard = await start_guard(
-            "watch", sim.url, "--incident-dir", str(folder), "--json", log=True
-        )
-        log = Log(guard)
-        try:
-            await guard.wait_state("idle", 30)
-            core = sim.engine_pids()[0]
-            os.kill(core, signal.SIGSTOP)
-            try:
-                async with aiohttp.ClientSession() as s:
-                    await stream(s, guard.guard_url, completion("m", 2), timeout=30)
-                text = await eventually(lambda: log.once("action capture"), 30, 0.2, "capture")
-            finally:
-                os.kill(core, signal.SIGCONT)
-        finally:
-            await stop_guard(guard)
+    guard, text = await first_capture(folder, lambda: None)
     (bundle,) = [p for p in folder.iterdir() if p.is_dir()]
     stalled = next(d for d in guard.lines if d["state"] == "stalled")
     named = {json.loads(line)["incident"] for line in text.splitlines() if '"incident":"' in line}
