@@ -18,6 +18,10 @@ missing GPU (tests/tools/ci_skips.py).
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,3 +52,73 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_configure(config: pytest.Config) -> None:
     if in_ci() and not hasattr(config, "workerinput"):  # xdist's controller, or a plain run
         config.pluginmanager.register(CiSkips(), "ci-skips")
+
+
+# -- the checkout's ./incidents ----------------------------------------------------------------
+
+CHECKOUT_INCIDENTS = Path(__file__).resolve().parents[1] / "incidents"
+"""Where a watchdog started from the checkout writes by default (--incident-dir): a user's
+bundles and action history. The suite writes nothing there: a report of a real bundle listed
+records the suite had written as what was tried."""
+INCIDENT_DIR_VAR = "ENGINE_WATCHDOG_INCIDENT_DIR"
+_BEFORE = pytest.StashKey[dict[str, tuple[int, int]] | None]()
+
+
+def listing(folder: Path) -> dict[str, tuple[int, int]] | None:
+    """Every file under ``folder`` with its size and mtime; None when there is no folder."""
+    if not folder.is_dir():
+        return None
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.stash[_BEFORE] = listing(CHECKOUT_INCIDENTS)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The run fails if the checkout's ./incidents changed (checked once, where the run ends:
+    under xdist, in the controller, after every worker)."""
+    if hasattr(session.config, "workerinput") or _BEFORE not in session.stash:
+        return
+    after = listing(CHECKOUT_INCIDENTS)
+    if after == session.stash[_BEFORE]:
+        return
+    changed = sorted(set((after or {}).items()) ^ set((session.stash[_BEFORE] or {}).items()))
+    names = sorted({name for name, _ in changed}) or ["(the folder itself)"]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_sep("=", "the checkout's ./incidents changed", red=True)
+        reporter.write_line(
+            f"the suite wrote into {CHECKOUT_INCIDENTS}: {', '.join(names)}; give the test's "
+            f"watchdog an incident dir of its own ({INCIDENT_DIR_VAR} is set per test: a "
+            "command started without the test's environment, or in a module fixture, escapes "
+            "it)",
+            red=True,
+        )
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_incident_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Watchdogs started by session or module fixtures: a folder of the run's own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(INCIDENT_DIR_VAR, str(tmp_path_factory.getbasetemp() / "incidents" / "shared"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _own_incident_dir(
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Every test's watchdogs write into a folder of the test's own (made when one writes):
+    never the checkout's ./incidents, never another test's."""
+    base = tmp_path_factory.getbasetemp()
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.nodeid)[-150:]
+    monkeypatch.setenv(INCIDENT_DIR_VAR, os.fspath(base / "incidents" / name))

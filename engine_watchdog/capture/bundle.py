@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -24,8 +25,15 @@ from typing import Any
 
 from engine_watchdog.capture import evidence
 from engine_watchdog.capture.known_hangs import KnownHangs, known_hangs
-from engine_watchdog.capture.manifest import cause_of, draft_manifest, finish_manifest
-from engine_watchdog.capture.retention import new_tmp_dir, prune, release, tar_into_place
+from engine_watchdog.capture.manifest import draft_manifest, finish_manifest
+from engine_watchdog.capture.retention import (
+    cannot_write,
+    fallback_dir,
+    new_tmp_dir,
+    prune,
+    release,
+    tar_into_place,
+)
 from engine_watchdog.capture.step import (
     SAMPLES_AGAIN,
     WAKES_THE_ENGINE,
@@ -34,13 +42,14 @@ from engine_watchdog.capture.step import (
     StepResult,
 )
 from engine_watchdog.capture.summary import SummaryInput, load_groups, render_summary, source_reader
-from engine_watchdog.core.model import ProcInfo, Verdict
+from engine_watchdog.core.model import ProcInfo, Verdict, incident_id
 from engine_watchdog.core.redact import Masker
 from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.hangs.group import GROUP_FILE, culprit_lines, group_of
 from engine_watchdog.host.tools import resolve_tools, write_private
 
 _DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+log = logging.getLogger(__name__)
 
 
 class BundleError(Exception):
@@ -54,6 +63,9 @@ class BundleSettings:
     capture: CaptureSettings = field(default_factory=CaptureSettings)
     """Where and how bundles are written (the --incident-dir, --engine-log, --tar options)."""
     engine: str = "vllm"
+    target: str = ""
+    """The engine's URL as every report shows it (credentials redacted), into the manifest:
+    a report reads the action history of this target's incident only."""
     destructive: bool = False
     """True only as part of a restart (lets a CUDA core dump run)."""
     step_grace_s: float = 2.0
@@ -220,7 +232,9 @@ async def write_bundle(
 ) -> BundleResult:
     """Capture and write one bundle; raises :class:`BundleError` (nothing left) if it cannot."""
     t0, created = time.monotonic(), float(settings.clock())
-    name = bundle_name(created, settings.engine, cause_of(verdict))
+    settings = await asyncio.to_thread(_writable, settings)
+    # A stall's bundle is named by its incident (the log lines' and action records' too).
+    name = incident_id(verdict) if verdict else bundle_name(created, settings.engine, "manual")
     tools = dict(settings.tools) if settings.tools is not None else resolve_tools()
     tmp = await asyncio.to_thread(_make_tmp, settings.incident_dir, name)
     try:
@@ -248,8 +262,8 @@ async def write_bundle(
         draft = draft_manifest(
             name, created, settings.engine, settings.destructive, verdict, procs, results, elapsed
         )
-        if version:
-            draft["engine_version"] = version
+        draft |= {"engine_version": version} if version else {}
+        draft |= {"target": settings.target} if settings.target else {}
         hangs = await asyncio.to_thread(known_hangs, tmp, draft, settings.capture.signatures)
         await asyncio.to_thread(_write_summary, tmp, settings, info, hangs)
         manifest = await asyncio.to_thread(
@@ -287,6 +301,24 @@ async def _pod_log(s: BundleSettings) -> bytes | None:
 
 def _prune(s: BundleSettings, final: Path) -> list[str]:
     return prune(s.incident_dir, s.capture.keep_count, s.capture.keep_bytes, final.name)
+
+
+def _writable(s: BundleSettings) -> BundleSettings:
+    """The settings with an incident dir that can be written: checked again before each
+    bundle (a volume gone read-only, a folder removed or its mode changed since the start),
+    else a private temporary folder, said in a log line: evidence is never lost in silence."""
+    why = cannot_write(s.incident_dir)
+    if why is None:
+        return s
+    fallback = fallback_dir()
+    log.error(
+        "cannot write bundles in %s (%s): this bundle goes to %s instead; give --incident-dir "
+        "a folder this user may write",
+        s.incident_dir,
+        why,
+        fallback,
+    )
+    return replace(s, capture=replace(s.capture, incident_dir=fallback))
 
 
 def _make_tmp(incident_dir: Path, name: str) -> Path:

@@ -3,7 +3,7 @@
 Checks: ptrace allowed (yama ptrace_scope, CAP_SYS_PTRACE in CapEff, same UID as the engine),
 py-spy present (and, with engine processes, a trial ``--nonblocking`` dump), NVML importable and
 initialisable, cuda-gdb and eu-stack present, the engine's processes visible from here (PID
-namespace shared).
+namespace shared), the incident dir can be created and written.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine_watchdog.capture.pyspy import FIX_MISSING, FIX_PERMISSION, classify_error
+from engine_watchdog.capture.retention import cannot_write
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.engines import VLLM, EngineProfile
 from engine_watchdog.host.tools import resolve_tools, run_bounded
@@ -36,6 +37,10 @@ FIX_NVML = (
     "no NVIDIA driver visible: run on a GPU node with the NVIDIA container toolkit "
     "(Kubernetes: NVIDIA_VISIBLE_DEVICES=all on the watchdog container) and "
     "pip install nvidia-ml-py"
+)
+FIX_INCIDENT_DIR = (
+    "give --incident-dir (ENGINE_WATCHDOG_INCIDENT_DIR) a folder this user may create and write "
+    "(Kubernetes: mount an emptyDir or a PersistentVolumeClaim there)"
 )
 FIX_CUDA_GDB = "install the CUDA toolkit's cuda-gdb (only to summarise CUDA core dumps)"
 FIX_EU_STACK = "apt-get install elfutils (only for engines that are not Python: llama-server)"
@@ -201,6 +206,20 @@ def procs_check(url: str | None, pids: Sequence[int], procs: Sequence[ProcInfo])
     return Check("engine processes", "ok", roles)
 
 
+def incident_dir_check(incident_dir: Path) -> Check:
+    """The incident dir can be created and written (a probe file; what it had to create is
+    removed again: the doctor leaves nothing behind). Blocking."""
+    why = cannot_write(incident_dir, keep=False)
+    if why is None:
+        return Check("incident dir", "ok", f"{incident_dir} can be written")
+    return Check(
+        "incident dir",
+        "missing",
+        f"cannot create or write {incident_dir} ({why}): bundles would go to a temporary folder",
+        FIX_INCIDENT_DIR,
+    )
+
+
 async def run_doctor(
     url: str | None = None,
     pids: Sequence[int] = (),
@@ -210,6 +229,7 @@ async def run_doctor(
     proc_root: Path = Path("/proc"),
     table: ProcTable | None = None,
     nvml_load: Callable[[], Any] | None = None,
+    incident_dir: Path | None = None,
 ) -> DoctorReport:
     """Run every check; blocking parts run in threads."""
     tools = resolve_tools() if tools is None else tools
@@ -234,6 +254,8 @@ async def run_doctor(
         else Check("eu-stack", "optional", "not found", FIX_EU_STACK),
         procs_check(url, pids, procs),
     ]
+    if incident_dir is not None:
+        checks.append(await asyncio.to_thread(incident_dir_check, incident_dir))
     return DoctorReport(tuple(checks), procs)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from engine_watchdog import __version__
 from engine_watchdog.capture.step import StepResult
-from engine_watchdog.core.model import ProcInfo, Verdict
+from engine_watchdog.core.model import ProcInfo, Verdict, incident_id
 from engine_watchdog.host.tools import write_private
 
 SCHEMA = "engine-watchdog/bundle"
@@ -60,6 +60,7 @@ def draft_manifest(
         "engine": engine,
         "cause": cause_of(verdict),
         "trigger": "on-demand" if verdict is None else "verdict",
+        "incident": incident_id(verdict) if verdict is not None else None,
         "destructive": destructive,
         "verdict": _verdict_dict(verdict),
         "processes": [asdict(p) for p in procs],

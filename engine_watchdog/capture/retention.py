@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +40,42 @@ def new_tmp_dir(incident_dir: Path, name: str) -> Path:
     staging.mkdir(mode=0o700)
     os.chmod(staging, 0o700)
     return _lock_and_name(staging, incident_dir / f"{TMP_PREFIX}{name}-{token}")
+
+
+def cannot_write(incident_dir: Path, keep: bool = True) -> str | None:
+    """Why bundles cannot be written in ``incident_dir``, or None: it is created (0700, its
+    missing parents too) and an empty probe file is made in it and removed. An empty file, so
+    that a full disk still passes: that failure is the bundle's own, said when it comes.
+    ``keep=False`` (doctor): folders this made are removed again."""
+    made: list[Path] = []
+    try:
+        where = incident_dir
+        while not where.exists() and where != where.parent:  # (exists: EACCES raises)
+            made.append(where)
+            where = where.parent
+        make_private_dirs(incident_dir)
+        fd, probe = tempfile.mkstemp(prefix=f"{NEW_PREFIX}probe-", dir=incident_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        for folder in made if not keep else ():
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return None
+
+
+_fallback: Path | None = None
+
+
+def fallback_dir() -> Path:
+    """A private temporary folder of this process's own (made once, 0700, a fresh name: never
+    one another user could have made first) for bundles the incident dir cannot take."""
+    global _fallback
+    if _fallback is None or not _fallback.is_dir():
+        _fallback = Path(tempfile.mkdtemp(prefix="engine-watchdog-incidents-"))
+    return _fallback
 
 
 def _lock_and_name(staging: Path, tmp: Path) -> Path:

@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -19,15 +20,17 @@ import click
 from engine_watchdog.capture.bundle import BundleError, BundleResult, BundleSettings, write_bundle
 from engine_watchdog.capture.doctor import render_json, render_text, run_doctor
 from engine_watchdog.capture.engine_version import read_engine_version
+from engine_watchdog.capture.retention import cannot_write
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import capture_steps
 from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_NOPERM, CliError
 from engine_watchdog.cli.numbers import Number
 from engine_watchdog.cli.option_group import One, all_consumed
-from engine_watchdog.cli.options import CAPTURE, JSON, PY_SPY_OPT
+from engine_watchdog.cli.options import CAPTURE, INCIDENT_DIR_OPT, JSON, PY_SPY_OPT
 from engine_watchdog.core.checks import normalise_url
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.redact import redact_url
+from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.engines import PROFILES, VLLM, EngineProfile
 from engine_watchdog.host.tools import tools_with
 from engine_watchdog.net.connection import EngineConnection
@@ -36,6 +39,16 @@ from engine_watchdog.probes.procs import FIX_NOT_FOUND, discover, sample_procs, 
 
 PY_SPY = One(PY_SPY_OPT)
 """doctor's; the commands that write bundles have it in the CAPTURE group."""
+INCIDENT_DIR = One(
+    replace(
+        INCIDENT_DIR_OPT,
+        help="The incident dir watch, run and guard would write to.",
+        type=click.Path(file_okay=False, readable=False, path_type=Path),
+    ),
+    CaptureSettings().incident_dir,
+)
+"""doctor's: whether that folder can be created and written (one it may not read is a
+finding of its own, not bad input)."""
 
 
 def default_steps() -> list[CaptureStep]:
@@ -132,6 +145,13 @@ def capture_command(
         raise CliError(f"--engine-log {capture.engine_log} is not a readable file: check the path")
     profile = PROFILES[engine]
     procs = find_procs(url, pids, profile)
+    why = cannot_write(capture.incident_dir)
+    if why is not None:
+        raise CliError(
+            f"--incident-dir {capture.incident_dir}: cannot create or write it ({why}): give a "
+            "folder this user may create and write",
+            EXIT_CANTCREAT,
+        )
     settings = BundleSettings(
         capture,
         engine=profile.name,
@@ -170,16 +190,18 @@ def _report(result: BundleResult, as_json: bool) -> None:
 @click.option("--url", help="Base URL of the engine's server, to check its processes are visible.")
 @click.option("--pid", "pids", type=int, multiple=True, help="Engine process (repeatable).")
 @PY_SPY
+@INCIDENT_DIR
 @JSON.with_help("Print the report as one JSON document.")
 def doctor_command(url: str | None, pids: tuple[int, ...], **kw: Any) -> None:
     """Say what this host can capture and how to fix each missing piece."""
     url = redact_url(url) if url else None  # only its port is used: its credentials never are
     tools = tools_with(PY_SPY.take(kw))
+    incident_dir = INCIDENT_DIR.take(kw)
     as_json = JSON.take(kw)
     all_consumed(kw)
     if url or pids:
         _check_target(url, pids)
-    report = asyncio.run(run_doctor(url, pids, tools=tools))
+    report = asyncio.run(run_doctor(url, pids, tools=tools, incident_dir=incident_dir))
     if as_json:
         click.echo(render_json(report))
     else:

@@ -217,7 +217,7 @@ async def run_demo(detector: DetectorSettings, capture: CaptureSettings, gpu: bo
     load = StreamingLoad(
         f"http://{guard}", clients=6, max_tokens=80, model=MODEL, request_timeout_s=120
     )
-    ok = False
+    ok, drain_s = False, 10.0
     try:
         await wait_healthy(f"http://{guard}", 30)
         load.start()
@@ -226,8 +226,12 @@ async def run_demo(detector: DetectorSettings, capture: CaptureSettings, gpu: bo
         await inject_hang(story, url, load, gpu)
         await asyncio.wait_for(story.recovered.wait(), stall_seconds + 90)
         ok = await serving_again(story, f"http://{guard}")
+    except asyncio.CancelledError:  # Ctrl-C (asyncio's runner cancels this): the story ends
+        story.interrupted()
+        drain_s = 0.0  # its clients are cut, not waited for: the watchdog's stop is then short
+        raise
     finally:
-        outcome = await load.stop(drain_s=10.0)
+        outcome = await load.stop(drain_s=drain_s)
         stop.set()
         await asyncio.wait_for(watchdog, 60)
     return report(story, outcome, capture.incident_dir, ok)

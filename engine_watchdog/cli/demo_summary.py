@@ -31,8 +31,17 @@ class Story:
     def now(self) -> float:
         return time.monotonic() - self.start
 
+    quiet: bool = False
+    """Interrupted: nothing more is told (the watchdog and the clients still stop behind)."""
+
     def say(self, text: str) -> None:
-        click.echo(f"[{self.now():6.1f}s] {text}")
+        if not self.quiet:
+            click.echo(f"[{self.now():6.1f}s] {text}")
+
+    def interrupted(self) -> None:
+        self.say("interrupted: stopping the clients, the watchdog and the simulated engine "
+                 "(a second Ctrl-C ends it at once)")  # fmt: skip
+        self.quiet = True
 
     def mark(self, name: str, text: str) -> None:
         self.marks.setdefault(name, self.now())

@@ -1,8 +1,9 @@
 """``explain`` and ``report``: what a bundle on disk resembles, and the upstream issue for it.
 
-Exit status: 0 done; 64 bad input (no such directory, a bad signature file: one line naming the
-fix); 65 a directory that is no bundle (it has no manifest.json); 73 report.md could not be
-written.
+Exit status: 0 done; 64 bad input (a bad signature file, a .tar.gz: one line naming the fix);
+65 a directory that is no bundle (it has no manifest.json); 66 no such bundle (a path that does
+not exist or cannot be read, sysexits' EX_NOINPUT, as docs/reliability.md's scheme says); 73
+report.md could not be written.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_DATAERR, CliError
+from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_NOINPUT, CliError
 from engine_watchdog.hangs import (
     BundleNotFound,
     SignatureFileError,
@@ -87,7 +88,7 @@ def explain_command(bundle: Path, signatures: Path | None, as_json: bool) -> Non
     try:
         section, matches = explain_bundle(_bundle_dir(bundle), sigs)
     except BundleNotFound as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc), EXIT_NOINPUT) from None
     if as_json:
         click.echo(json.dumps({"bundle": str(bundle), "known_hangs": manifest_matches(matches)}))
     else:
@@ -109,7 +110,7 @@ def report_command(bundle: Path, signatures: Path | None, output: Path | None) -
     try:
         path = write_report(_bundle_dir(bundle), sigs, output)
     except BundleNotFound as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(str(exc), EXIT_NOINPUT) from None
     except OSError as exc:
         where = output or bundle / "report.md"
         raise CliError(f"cannot write {where} ({exc.strerror})", EXIT_CANTCREAT) from None

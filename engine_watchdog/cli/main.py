@@ -9,12 +9,13 @@ exit codes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 import traceback
 import warnings
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -45,8 +46,7 @@ from engine_watchdog.core.redact import redact_argv
 from engine_watchdog.core.settings import CannotWriteError, SettingsError
 from engine_watchdog.host import logs
 from engine_watchdog.runtime.loop import run as run_loop
-
-EXIT_INTERRUPTED = 130
+from engine_watchdog.runtime.stopping import die_by, stopped_by
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -202,13 +202,19 @@ def _internal_error(exc: Exception, argv: list[str]) -> int:
     return EXIT_SOFTWARE
 
 
-def _interrupted() -> int:
-    """A Ctrl-C may land between a command's coroutine being made and its loop
-    taking it (test_stopping, "starting"). That coroutine is released with the exception, at
-    the end of the handler, and Python would then warn that it was never awaited: on this path
-    it never was, by design, so that one warning is not shown."""
+def _ended_by(sig: int, console: bool) -> NoReturn:
+    """The end of a run a signal stopped: the console script's process ends by that signal
+    (runtime/stopping.py), at once: no interpreter shutdown in which a second Ctrl-C could
+    raise again (a traceback in threading._shutdown), no warning about a coroutine it never
+    took. Called as a function (``main(argv)``), it raises SystemExit(128+sig) instead: the
+    caller's process is its own."""
+    if console:
+        logging.shutdown()
+        die_by(sig)
+    # The coroutine a Ctrl-C kept from its loop is released at the end of the handler: on
+    # this path it was never awaited, by design, and Python's warning would say so.
     warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
-    return EXIT_INTERRUPTED
+    raise SystemExit(128 + sig)
 
 
 def _from_ctrl_c(exc: BaseException) -> bool:
@@ -238,15 +244,17 @@ def _own_title_without_secrets() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script: every error is one line on stderr and an exit code of its own."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # see cli/__init__.py
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # see engine_watchdog/__init__.py
     try:
         if argv is None:
             _own_title_without_secrets()
         code = cli.main(args=argv, prog_name="engine-watchdog", standalone_mode=False)
     except click.exceptions.Exit as exc:
         code = exc.exit_code
+    except SystemExit as exc:  # a command's own sys.exit(code)
+        code = exc.code
     except (click.Abort, KeyboardInterrupt):  # click turns a Ctrl-C into Abort
-        code = _interrupted()
+        _ended_by(signal.SIGINT, argv is None)
     except click.UsageError as exc:
         if isinstance(exc, click.BadParameter) and (var := env_source(exc.param, exc.ctx)):
             exc.param_hint = var  # the ConfigMap's typo points at the ConfigMap, not a flag
@@ -257,8 +265,10 @@ def main(argv: list[str] | None = None) -> None:
         code = exc.exit_code
     except Exception as exc:  # a bug: one line and a code of its own, never "stalled" (1)
         if _from_ctrl_c(exc):
-            code = _interrupted()
+            _ended_by(signal.SIGINT, argv is None)
         else:
             code = _internal_error(exc, sys.argv[1:] if argv is None else argv)
+    if (sig := stopped_by()) is not None:  # an orderly stop on a signal: it ends as one
+        _ended_by(sig, argv is None)
     # Without standalone mode click returns the code a command exited with (ctx.exit(n)).
     sys.exit(code if isinstance(code, int) else 0)

@@ -14,7 +14,14 @@ from dataclasses import replace
 from typing import Any
 
 from engine_watchdog.cli.option_group import all_consumed, named_by_source
-from engine_watchdog.cli.options_acting import CAPTURE, GUARD, POLICY, PY_SPY_OPT, RECOVERY
+from engine_watchdog.cli.options_acting import (
+    CAPTURE,
+    GUARD,
+    INCIDENT_DIR_OPT,
+    POLICY,
+    PY_SPY_OPT,
+    RECOVERY,
+)
 from engine_watchdog.cli.options_judging import DETECTOR, ENGINE, PROBE
 from engine_watchdog.cli.options_output import JSON, PEERS, PROCESS, RECORD, REPORT
 from engine_watchdog.core.checks import for_target, validate, validate_process
@@ -26,6 +33,7 @@ __all__ = [
     "DETECTOR",
     "ENGINE",
     "GUARD",
+    "INCIDENT_DIR_OPT",
     "JSON",
     "PEERS",
     "POLICY",

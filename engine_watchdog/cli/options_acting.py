@@ -13,6 +13,7 @@ from engine_watchdog.cli.numbers import POSITIVE, SECONDS
 from engine_watchdog.cli.option_group import Opt, OptionGroup
 from engine_watchdog.cli.options_output import api_target
 from engine_watchdog.core.checks import parse_actions
+from engine_watchdog.core.model import RUNGS
 from engine_watchdog.core.serving import REQUEST_ACTIONS, GuardSettings
 from engine_watchdog.core.settings import (
     CaptureSettings,
@@ -48,8 +49,8 @@ POLICY = OptionGroup(
     Opt(
         "--action",
         "actions",
-        "Rungs that may run: none or any of capture,abort,restart,liveness "
-        "(repeatable or comma-separated; the order is fixed).",
+        f"Rungs that may run: none or any of {','.join(RUNGS)} (repeatable or "
+        "comma-separated; the order is fixed; answer acts through the guard).",
         multiple=True,
         convert=parse_actions,
         default=("capture",),
@@ -154,14 +155,15 @@ RECOVERY = OptionGroup(
 PY_SPY_OPT = Opt(
     "--py-spy", "py_spy", "The py-spy to run [default: on PATH, or beside this Python].", str
 )
+INCIDENT_DIR_OPT = Opt(
+    "--incident-dir",
+    "incident_dir",
+    "Where incident bundles and the action history go.",
+    click.Path(file_okay=False, path_type=Path),
+)
 CAPTURE = OptionGroup(
     CaptureSettings,
-    Opt(
-        "--incident-dir",
-        "incident_dir",
-        "Where incident bundles and the action history go.",
-        click.Path(file_okay=False, path_type=Path),
-    ),
+    INCIDENT_DIR_OPT,
     Opt(
         "--engine-log",
         "engine_log",

@@ -42,6 +42,14 @@ def normalise_url(url: str) -> str:
         _ = parts.port  # raises ValueError on a malformed port
     except ValueError:
         raise SettingsError(f"bad port in {url!r}; give one like http://127.0.0.1:8000") from None
+    if parts.path.rstrip("/").endswith("/v1"):
+        # The OpenAI API's base, as clients are configured: the engine's metrics, health and
+        # API are under the server's own base (/metrics, /health, /v1/completions).
+        shown = redact_url(url.rstrip("/"))
+        raise SettingsError(
+            f"{shown} ends in /v1, the OpenAI API's path: give the engine server's base URL, "
+            f"{shown.removesuffix('/v1')} (the watchdog adds /metrics, /health and /v1/... itself)"
+        )
     return url.rstrip("/")
 
 

@@ -36,7 +36,7 @@ from engine_watchdog.core.model import (
 from engine_watchdog.core.requests import RequestJudge
 from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.core.signals import Finding, Signals
-from engine_watchdog.core.wire import Wire
+from engine_watchdog.core.wire import Wire, held_on_stopped, unanswered_since
 
 __all__ = ["TARGET", "Detector", "DetectorSettings"]
 
@@ -111,6 +111,13 @@ class Detector:
         last_sent = self.signals.last_canary_sent()
         if self._way_out_due(tracks, t, last_sent):
             return "stalled"
+        unanswered = self._unanswered_since(t)
+        if unanswered is not None and (
+            last_sent is None
+            or last_sent < unanswered
+            or t - last_sent >= self.settings.stalled_canary_seconds
+        ):
+            return "unanswered"
         for k in tracks:
             if k.quiet_since is not None and k.verdict.state is not State.STALLED:
                 flat_long = t - k.quiet_since >= self.settings.canary_after_seconds
@@ -129,6 +136,17 @@ class Detector:
             last_sent is None or t - last_sent >= every
         )
         return "idle" if all_idle and idle_due else None
+
+    def _unanswered_since(self, t: float) -> float | None:
+        progress = [k.last_progress_t for k in self._tracks.values()]
+        return unanswered_since(self.wire, t, progress)
+
+    def _held_on_stopped(self, t: float) -> str | None:
+        """Requests wait for their first token on a rank that looks idle (with one rank: a
+        stopped process does not say which rank the requests went to)."""
+        ranks = sum(1 for k in self._tracks.values() if k.last is not None)
+        since = self._unanswered_since(t) if ranks == 1 else None
+        return held_on_stopped(self.wire, self.signals, since, t) if since is not None else None
 
     def _guard_waits_on_engine(self) -> bool:
         """The guard's last look had streams open and quiet, waiting on the engine."""
@@ -242,7 +260,7 @@ class Detector:
             # (a failed canary, a quiet clock) says nothing about it.
             self._dead = None
             for track in self._tracks.values():
-                track.wedged, track.quiet_since = False, None
+                track.wedged, track.quiet_since = None, None
                 track.note = "/health is 200 again: a new engine"
             return self._reevaluate(obs.t)
         return []
@@ -254,7 +272,7 @@ class Detector:
         self._dead, self._health_timeout_since = None, None
         self.signals = Signals()
         for track in self._tracks.values():
-            track.quiet_since, track.wedged, track.moved = None, False, False
+            track.quiet_since, track.wedged, track.moved = None, None, False
             track.counters = Counters()  # the next engine counts from zero: no flapping
         return self._set_restarting(obs.t, obs.detail or None)
 
@@ -290,7 +308,7 @@ class Detector:
             track.last_progress_t = max(track.last_progress_t or last, last)
             if track.quiet_since is not None:
                 track.quiet_since = max(track.quiet_since, last)
-            track.wedged = False
+            track.wedged = None
         return self._reevaluate(obs.t)
 
     def _note(self, track: Track, note: Note) -> None:
@@ -323,8 +341,10 @@ class Detector:
         if s.asleep:
             return self._set(track, t, State.SLEEPING, None)
         if track.quiet_since is None:
-            if track.wedged:
-                return self._set(track, t, State.STALLED, Cause.WEDGED_IDLE)
+            if track.wedged is None and (held := self._held_on_stopped(t)) is not None:
+                track.wedged, track.note = Cause.STOPPED, held
+            if track.wedged is not None:
+                return self._set(track, t, State.STALLED, track.wedged)
             # Requests so short that no scrape sees them running still move the counters.
             return self._set(track, t, State.PROGRESSING if track.moved else State.IDLE, None)
         if self.signals.gpu_computing():

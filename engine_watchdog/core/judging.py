@@ -144,7 +144,10 @@ class Track:
     last: EngineSample | None = None
     quiet_since: float | None = None
     last_progress_t: float | None = None
-    wedged: bool = False
+    wedged: Cause | None = None
+    """Stalled while it looks idle, and why (wedged-idle: a canary failed; stopped: requests
+    wait for their first token on stopped processes); until a canary or progress says
+    otherwise."""
     moved: bool = False
     """The last sample moved a progress signal."""
     note: str | None = None
@@ -161,7 +164,7 @@ class Track:
             self.note = "counters went backwards: the engine restarted"
         if moved or reading.reset:
             self.last_progress_t = t
-            self.wedged = False
+            self.wedged = None
         # Work gauges with no number read yet (NaN): work may be there; the canary settles it.
         work = (s.running or 0) > 0 or (s.waiting or 0) > 0 or bool(s.unknown)
         if s.asleep or not work:
@@ -233,7 +236,7 @@ def judge_canary(obs: CanaryObs, tracks: list[Track]) -> None:
         tracks[0].note = f"canary completed in {obs.latency_s or 0:.1f} s"
     for k in tracks:
         if obs.ok:
-            k.wedged = False
+            k.wedged = None
         elif (
             obs.is_evidence
             and k.verdict.state is State.IDLE
@@ -241,5 +244,5 @@ def judge_canary(obs: CanaryObs, tracks: list[Track]) -> None:
             # engine has shown life since, and the canary's failure is old news.
             and obs.sent >= max(k.verdict.since or 0.0, k.last_progress_t or 0.0)
         ):
-            k.wedged = True
+            k.wedged = Cause.WEDGED_IDLE
             k.note = f"canary failed ({obs.error}) while the engine looked idle"

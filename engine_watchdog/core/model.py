@@ -6,7 +6,9 @@ can be recorded, replayed and compared bit for bit.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import Enum
 
 
@@ -259,6 +261,12 @@ class GuardObs:
     """The newest event on any stream."""
     gaps: tuple[int, ...] = ()
     quiet: tuple[QuietStream, ...] = ()
+    awaiting: int = 0
+    """Of the requests in flight, those waiting on the engine for their first token: a stream
+    with no token event yet, or a request whose answer has not begun. The engine may not count
+    them (a frozen core publishes nothing): the guard holding them is the evidence."""
+    awaiting_since: float | None = None
+    """When the oldest of them came to the guard."""
 
 
 Observation = ScrapeObs | HealthObs | ProcsObs | GpuObs | CanaryObs | RestartObs | GuardObs
@@ -279,6 +287,24 @@ class Verdict:
     last_progress_t: float | None = None
     evidence: tuple[str, ...] = ()
     """Short human-readable facts behind the verdict, newest last."""
+
+
+def incident_name(t: float, engine: str, cause: str | None) -> str:
+    """``20261130T055012Z-0-stopped``: the UTC second a stall began, the engine (its
+    data-parallel rank; ``all`` for the whole target) and the cause; safe as a file name."""
+    stamp = datetime.fromtimestamp(t, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{_slug(engine) or 'all'}-{_slug(cause or 'stall') or 'stall'}"
+
+
+def incident_id(v: Verdict) -> str:
+    """The incident a stall verdict opens: the same in the transition line, in every log line
+    and action record of its ladder, and as the name of its bundles (a second one gets
+    ``-2``)."""
+    return incident_name(v.since if v.since is not None else v.t, v.engine, v.cause)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,24 @@
 
 Events on the wire are the most direct proof of progress there is: a token the client got. The
 guard (guard/) reports them once a round as a :class:`GuardObs`; this module keeps a short
-memory of them and answers two questions:
+memory of them and answers three questions:
 
 - how long is "far beyond" the engine's own pace: ``factor`` times the 99th percentile of the
   gaps between consecutive events of a stream over the last :data:`GAP_WINDOW_S` seconds, and
   never under a floor (:meth:`GapWindow.threshold`);
 - has the wire gone silent with streams open (:class:`Wire`), which, with the engine's
   processes idle or stopped and its metrics flat, is a stall within seconds
-  (:func:`wire_stall`).
+  (:func:`wire_stall`);
+- do requests wait for their first token on an engine that shows nothing
+  (:func:`unanswered_since`): then it is probed at once, and its processes stopped are a stall
+  (:func:`held_on_stopped`).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine_watchdog.core.model import Cause, GuardObs
@@ -38,6 +42,11 @@ MIN_GAPS = 20
 """Fewer gaps than this in the window: no distribution, the floor alone decides."""
 FRESH_S = 3.0
 """A guard observation older than this says nothing about the wire now."""
+AWAITING_PROBE_S = 1.5
+"""A request the guard has held this long without its first token, while nothing moved for as
+long (no event on the wire, no progress in the metrics), has the engine probed at once
+(docs/guard.md, "Before the first token"): a probe round and a half, so that a scrape after
+its arrival could have shown the engine at work, and one a second apart always does."""
 
 
 def gap_bucket(gap_s: float) -> int:
@@ -108,6 +117,14 @@ class Wire:
         self.open_since_event |= obs.decoding > 0
         return obs.events > 0 or obs.finished > 0
 
+    def awaiting_since(self, t: float) -> float | None:
+        """When the oldest request the guard holds without a first token came (a fresh
+        observation), or None."""
+        last = self.last
+        if last is None or t - last.t > FRESH_S or last.awaiting == 0:
+            return None
+        return last.awaiting_since
+
     def silent_streams(self, t: float) -> bool:
         """The guard reports (a fresh observation), and streams were open in the silence."""
         return self.last is not None and t - self.last.t <= FRESH_S and self.open_since_event
@@ -138,3 +155,28 @@ def wire_stall(
         return None
     note = f"no event on the wire for {silent:.1f} s with streams open; {finding.evidence}"
     return WireStall(finding.cause, note)
+
+
+def unanswered_since(wire: Wire, t: float, progress: Iterable[float | None]) -> float | None:
+    """When the oldest request the guard holds without its first token came, where it and the
+    engine have both been quiet for AWAITING_PROBE_S (no event on the wire, no ``progress``
+    of the metrics: the ranks' last): the engine may be frozen without a word (a wedged core
+    publishes nothing), so it is probed at once. None otherwise: a request queued behind
+    others that move is the engine's ordinary work."""
+    since = wire.awaiting_since(t)
+    if since is None:
+        return None
+    moved = [wire.last_event_t, *progress]
+    quiet_from = max([since, *(m for m in moved if m is not None)])
+    return since if t - quiet_from >= AWAITING_PROBE_S else None
+
+
+def held_on_stopped(wire: Wire, signals: Signals, since: float, t: float) -> str | None:
+    """Requests have waited for their first token since ``since`` on an engine that does not
+    count them, and its processes are stopped: a stall, whatever the metrics say; the
+    evidence, or None."""
+    stopped = signals.stopped(since)
+    if stopped is None:
+        return None
+    n = wire.last.awaiting if wire.last is not None else 0
+    return f"{n} request(s) waiting {t - since:.1f} s for a first token; {stopped.evidence}"

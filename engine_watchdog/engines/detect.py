@@ -20,6 +20,10 @@ from engine_watchdog.engines.profile import EngineProfile
 SHOWN_NAMES = 5
 """Series names quoted in an "unknown engine" message."""
 
+NOT_METRICS_HINT = (
+    "check the URL: the engine server's own host and port (vLLM's default is 8000), not a "
+    "proxy's or a web UI's"
+)
 _LLAMACPP_NO_METRICS = "Start it with `--metrics`"
 """llama-server's 501 answer to /metrics without --metrics (tools/server/server-context.cpp)."""
 
@@ -33,6 +37,8 @@ class Detection:
     """What was seen, e.g. ``41 sglang: series`` or ``a JSON list``."""
     hint: str | None = None
     """What to change on the engine's side, when the body shows something is missing."""
+    metrics: bool = True
+    """The answer was metrics at all (False: an error status or a web page)."""
 
     @property
     def profile(self) -> EngineProfile | None:
@@ -40,6 +46,8 @@ class Detection:
 
     def message(self) -> str:
         """One line for humans."""
+        if not self.metrics:
+            return f"no engine's metrics there: /metrics answered {self.evidence}; {self.hint}"
         if self.engine is None:
             names = ", ".join(sorted(PROFILES))
             text = f"unknown engine: found {self.evidence}; pass --engine ({names})"
@@ -56,6 +64,10 @@ def detect_profile(
     special = _special_body(body, status, candidates)
     if special is not None:
         return special
+    page = is_html(body)
+    if not 200 <= status < 300 or page:
+        what = f"HTTP {status}" + (", a web page" if page else "")
+        return Detection(None, what, NOT_METRICS_HINT, metrics=False)
     names = _all_series_names(body)
     counts = {p.name: sum(1 for n in names if n.startswith(p.series_prefix)) for p in candidates}
     best = max(counts.values(), default=0)
@@ -82,6 +94,11 @@ def _special_body(body: str, status: int, candidates: list[EngineProfile]) -> De
         )
         return Detection(TRTLLM.name, "a JSON list (trtllm-serve's iteration stats)", hint)
     return None
+
+
+def is_html(body: str) -> bool:
+    head = body.lstrip()[:100].lower()
+    return head.startswith(("<!doctype html", "<html", "<head", "<body"))
 
 
 def _is_json_list(body: str) -> bool:

@@ -29,7 +29,14 @@ async def drain(guard: Guard, budget_s: float) -> int:
     rest; how many were ended."""
     guard.stop_admitting(STOPPING)
     if guard.open:
-        log.info("guard: stopping: %d request(s) open, %.0f s to finish", len(guard.open), budget_s)
+        # Said, as the wait is: a Ctrl-C that seems to do nothing for 20 s is pressed again.
+        log.warning(
+            "guard: draining: %d request(s) open get up to %.0f s to finish "
+            "(--guard-drain-seconds), then the error event; new requests get 503; a second "
+            "Ctrl-C or SIGTERM ends it at once",
+            len(guard.open),
+            budget_s,
+        )
     await _until_empty(guard, budget_s)
     if not guard.open:
         return 0

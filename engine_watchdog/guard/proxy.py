@@ -122,8 +122,10 @@ class Guard:
     def refuse(self, message: str | None) -> None:
         """Answer new requests 503 with ``message`` (None: pass them again)."""
         message = self.stopping or message  # draining: nothing admits again
-        if message != self.refusal:
-            log.warning("guard: %s", f"refusing new requests: {message}" if message else "passing")
+        if message != self.refusal and message:
+            log.warning("guard: refusing new requests: %s", message)
+        elif message != self.refusal:
+            log.info("guard: passing requests again")  # the all-clear is no warning
         self.refusal = message
 
     def count_stuck(self) -> None:
@@ -170,9 +172,14 @@ class Guard:
         counts = list(stats.gaps.snapshot()[0])
         completed = stats.outcomes["completed"]
         self._seen = (stats.events, completed, counts)
-        quiet, decoding = [], 0
+        quiet, decoding, awaiting, oldest = [], 0, 0, None
         for ex in self.open.values():
-            if not ex.sse or ex.last_event_t is None:
+            if ex.last_event_t is None:
+                if _awaits_first_token(ex):
+                    awaiting += 1
+                    oldest = ex.started_t if oldest is None else min(oldest, ex.started_t)
+                continue
+            if not ex.sse:
                 continue
             decoding += 1
             if t - ex.last_event_t >= QUIET_S:
@@ -196,6 +203,8 @@ class Guard:
             last_event_t=stats.last_event_t,
             gaps=tuple(a - b for a, b in zip(counts, gaps, strict=True)),
             quiet=tuple(quiet),
+            awaiting=awaiting,
+            awaiting_since=oldest,
         )
 
     # -- the path of the bytes --------------------------------------------------------------
@@ -287,6 +296,13 @@ class Guard:
         if request.transport is not None:
             request.transport.close()
         return ex.response
+
+
+def _awaits_first_token(ex: Exchange) -> bool:
+    """The guard waits on the engine for this request's first token: its answer has not begun,
+    or it is a stream with no token yet (a plain body under way is moving), and it is not
+    being ended."""
+    return ex.ending is None and ex.waiting_since is not None and (ex.response is None or ex.sse)
 
 
 SHUTDOWN_S = 2.0

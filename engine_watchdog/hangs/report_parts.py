@@ -189,9 +189,25 @@ def _proc_stacks(p: ProcView, max_frames: int, main_only: bool) -> list[str]:
 
 
 def actions_table(view: BundleView, last: int) -> list[str]:
-    acts = list(view.actions)[-last:]
-    if not acts:
+    """What was tried in this bundle's incident, for its target: the incident dir's history
+    holds every incident's and every target's (and, before records and manifests named their
+    incident, nothing says which is whose: those are left out)."""
+    if not view.actions:
         return ["(no actions.jsonl beside the bundle: nothing recorded as tried)"]
+    incident, target = view.manifest.get("incident"), view.manifest.get("target")
+    if not isinstance(incident, str) or not incident:
+        return [
+            "(the bundle names no incident: on demand, or written before bundles named theirs; "
+            "the action history beside it holds other incidents' records and is not listed)"
+        ]
+    acts = [
+        a
+        for a in view.actions
+        if a.get("incident") == incident
+        and (not isinstance(target, str) or a.get("target") == target)
+    ][-last:]
+    if not acts:
+        return [f"(nothing recorded as tried in incident {redact_text(incident)})"]
     out = ["| time (UTC) | target | action | result | detail |", "|---|---|---|---|---|"]
     for a in acts:
         cells = [utc(a.get("t"))] + [

@@ -12,6 +12,8 @@ TIMEOUT = "timeout"
 TOO_LARGE = "too-large"
 TLS = "tls"
 REFUSED = "connection-refused"
+DNS = "dns"
+"""The URL's host name does not resolve: no connection was even tried."""
 DISCONNECTED = "disconnected"
 HTTP_ERROR = "http-error"
 
@@ -34,6 +36,8 @@ def error_code(exc: BaseException) -> str:
     # certificate error is also a ValueError (ssl.CertificateError).
     if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError | aiohttp.ServerFingerprintMismatch):
         return TLS
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return DNS
     if isinstance(exc, aiohttp.ClientConnectorError):
         return REFUSED
     if isinstance(exc, aiohttp.ServerDisconnectedError):
@@ -48,6 +52,9 @@ def describe(exc: BaseException, timeout_s: float) -> str:
         return f"{TIMEOUT} (no answer within {timeout_s:g} s)"
     if code == TLS:
         return f"{TLS} ({tls_hint(exc)})"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        why = exc.os_error.strerror or exc.os_error
+        return f"{DNS} (cannot resolve the host name {exc.host!r}: {why}; check the URL's host)"
     return f"{code} ({exc or type(exc).__name__})"
 
 

@@ -11,6 +11,7 @@ import aiohttp
 
 from engine_watchdog.core.exposition import Sample, is_number, parse_samples, series_names
 from engine_watchdog.core.model import EngineSample, Note, ScrapeObs
+from engine_watchdog.engines.detect import NOT_METRICS_HINT, is_html
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.access import OPEN, Access
 from engine_watchdog.net.errors import TOO_LARGE
@@ -62,6 +63,7 @@ def parse_scrape(raw: RawScrape, profile: EngineProfile) -> ScrapeObs:
         return ScrapeObs(raw.t, error=error, detail=raw.detail, elapsed_s=raw.elapsed_s)
     if raw.status != 200:
         detail = f"/metrics answered HTTP {raw.status}"
+        detail += f"; {NOT_METRICS_HINT}" if raw.status == 404 else ""
         return ScrapeObs(raw.t, error=f"http-{raw.status}", detail=detail, status=raw.status)
     by_engine, duplicates = _by_engine(raw.body, profile)
     if not by_engine:
@@ -111,6 +113,7 @@ def _series_text(sample: Sample) -> str:
 def _no_series_detail(body: str, profile: EngineProfile) -> str:
     count, first = series_names(body)
     found = f"{count} series ({', '.join(first)}...)" if count else "no series at all"
+    found = "a web page" if is_html(body) else found
     hint = f" and {profile.enable_hint}" if profile.enable_hint else ""
     return (
         f"no {profile.name} series in /metrics: found {found}. Check that the URL is the "

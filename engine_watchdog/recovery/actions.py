@@ -152,6 +152,7 @@ class EngineActions:
         return BundleSettings(
             capture,
             engine=self.engine.profile.name,
+            target=self.engine.target,
             destructive=destructive,
             tools=tools_with(capture.py_spy),
             engine_version=lambda: read_engine_version(self.engine.session, self.engine.connection),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from engine_watchdog.core.redact import redact_text
 from engine_watchdog.host.tools import wait_or_kill
-from engine_watchdog.recovery.history import ActionHistory, ActionRecord
+from engine_watchdog.recovery.history import ActionHistory, taken
 
 log = logging.getLogger("engine_watchdog.actions")
 ACTION = "bundle-command"
@@ -109,4 +109,4 @@ class BundleHandOff:
         detail = done.detail(bundle)
         level = logging.INFO if done.result == "ok" else logging.WARNING
         log.log(level, "action %s: %s %s", ACTION, done.result, detail)
-        self.history.add(ActionRecord(self.clock(), self.target, ACTION, done.result, detail))
+        self.history.add(taken(self.clock(), self.target, ACTION, done.result, detail))

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from engine_watchdog.core.model import Action, Result
 from engine_watchdog.core.settings import RateLimit, SettingsError
+from engine_watchdog.host.logs import context
 from engine_watchdog.host.tools import make_private_dirs
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ KEEP_LINES = 1000
 READ_TAIL_BYTES = 1 << 20
 """Only the file's last MiB is read at start: far more than KEEP_LINES records (~150 B each)."""
 _FIELDS = ("target", "action", "result")
+_OPTIONAL = ("engine", "incident")
+"""Written only when set (an action outside an incident has neither)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,19 @@ class ActionRecord:
     action: str
     result: str
     detail: str = ""
+    engine: str = ""
+    """The engine (data-parallel rank) of the incident it was taken in; empty outside one."""
+    incident: str = ""
+    """The incident it was taken in (the log lines' ``incident``, its bundles' name): a report
+    lists what was tried for its own incident only."""
+
+
+def taken(t: float, target: str, action: str, result: str, detail: str) -> ActionRecord:
+    """The record of an action taken now, in the incident (and of the engine) its task's log
+    context names, if any (the supervisor binds both for its ladder: runtime/supervisor.py)."""
+    where = context()
+    engine, incident = where.get("engine") or "", where.get("incident") or ""
+    return ActionRecord(t, target, action, result, detail, engine, incident)
 
 
 def parse_record(line: bytes, now: float) -> ActionRecord | None:
@@ -60,7 +76,12 @@ def parse_record(line: bytes, now: float) -> ActionRecord | None:
     detail = doc.get("detail", "")
     if not all(isinstance(doc.get(k), str) for k in _FIELDS) or not isinstance(detail, str):
         return None
-    return ActionRecord(min(float(t), now), doc["target"], doc["action"], doc["result"], detail)
+    engine, incident = doc.get("engine", ""), doc.get("incident", "")
+    if not isinstance(engine, str) or not isinstance(incident, str):
+        return None
+    return ActionRecord(
+        min(float(t), now), doc["target"], doc["action"], doc["result"], detail, engine, incident
+    )
 
 
 class ActionHistory:
@@ -114,7 +135,8 @@ class ActionHistory:
         del self.records[:-KEEP_LINES]
         if self.path is None:
             return True
-        line = json.dumps(asdict(record), separators=(",", ":")) + "\n"
+        doc = {k: v for k, v in asdict(record).items() if v or k not in _OPTIONAL}
+        line = json.dumps(doc, separators=(",", ":")) + "\n"
         try:
             _append_line(self.path, line.encode())
         except OSError as exc:

@@ -12,15 +12,6 @@ from engine_watchdog.host.logs import json_line
 VERDICTS_LOGGER = "engine_watchdog.verdicts"
 
 
-def incident_id(v: Verdict) -> str:
-    """The incident a stall verdict opens: ``<UTC of the stall>-<engine>-<cause>``, the same in
-    the transition line and in every log line of its ladder (its bundles are named by when
-    they were made)."""
-    t = v.since if v.since is not None else v.t
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(t))
-    return f"{stamp}-{v.engine}-{v.cause or 'stall'}"
-
-
 def clock_text(t: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 10)}Z"
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from engine_watchdog.capture.retention import remove_abandoned
+from engine_watchdog.capture.retention import cannot_write, remove_abandoned
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.core.checks import parse_listen
 from engine_watchdog.core.model import Action, Observation, Outcome
-from engine_watchdog.core.settings import SettingsError, WatchSettings
+from engine_watchdog.core.settings import CannotWriteError, SettingsError, WatchSettings
 from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.peers.discovery import in_lws
 from engine_watchdog.probes.procs import url_port
@@ -101,6 +101,8 @@ async def assemble(
     """Each part is built with its collaborators, the ones it needs first; nothing is wired
     into a part after it is built."""
     await asyncio.to_thread(check_pids, settings)
+    if settings.policy.actions or guard_listen or command:  # it will write there
+        await _check_incident_dir(settings.capture.incident_dir)
     bus = Channels()
     connection = connection_for(settings)  # once: watcher, probes, canary, abort, guard
     # First: a taken port is said before anything else starts.
@@ -211,6 +213,17 @@ async def _start_child(
         await asyncio.to_thread(end_orphan, child.pid_path)
     await child.start()
     return child
+
+
+async def _check_incident_dir(incident_dir: Path) -> None:
+    """Bundles and the action history can be written there: said now, not at the first stall,
+    when the evidence would go elsewhere (capture/bundle.py falls back to a temporary folder)."""
+    why = await asyncio.to_thread(cannot_write, incident_dir)
+    if why is not None:
+        raise CannotWriteError(
+            f"--incident-dir {incident_dir}: cannot create or write it ({why}): give a folder "
+            "this user may create and write"
+        )
 
 
 async def _clean_incident_dir(incident_dir: Path) -> None:

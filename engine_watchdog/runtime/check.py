@@ -38,7 +38,7 @@ SOCKETS_PER_CHECK = 3
 FD_RESERVE = 64
 """File descriptors kept for everything else (logs, the event loop, DNS, NVML)."""
 # Scrape errors that will not heal by waiting: give up at once.
-_HOPELESS = ("connection-refused", "no-engine-series", "http-404", "too-large", "tls")
+_HOPELESS = ("connection-refused", "dns", "no-engine-series", "http-404", "too-large", "tls")
 _QUIET = (State.IDLE, State.SLEEPING)
 
 

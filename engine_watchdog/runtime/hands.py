@@ -44,6 +44,9 @@ def refusal(verdicts: Iterable[Verdict], answered: bool) -> str | None:
             return "engine-watchdog: the engine is being recovered; retry later or elsewhere"
         if v.state is State.STARTING and v.cause == Cause.RESTARTING:
             return "engine-watchdog: the engine is restarting; retry later or elsewhere"
-        if v.state in (State.STARTING, State.UNREACHABLE) and v.cause == "connection-refused":
+        if v.state in (State.STARTING, State.UNREACHABLE) and v.cause in (
+            "connection-refused",
+            "dns",
+        ):
             return "engine-watchdog: the engine is not listening; retry later or elsewhere"
     return None

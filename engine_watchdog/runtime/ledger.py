@@ -8,7 +8,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from engine_watchdog.core.model import Action, Outcome, Result
-from engine_watchdog.recovery.history import ActionHistory, ActionRecord
+from engine_watchdog.recovery.history import ActionHistory, taken
 
 log = logging.getLogger("engine_watchdog.actions")
 ActionListener = Callable[[str, Action, str, Outcome | None], None]
@@ -41,7 +41,7 @@ class Ledger:
                 outcome = Outcome(Result.FAILED, f"{type(exc).__name__}: {exc}")
         log.warning("action %s: %s %s", action, outcome.result, outcome.detail)
         # Never raises (a full disk): the record still counts in memory, the ladder goes on.
-        self.history.add(ActionRecord(self.clock(), target, action, outcome.result, outcome.detail))
+        self.history.add(taken(self.clock(), target, action, outcome.result, outcome.detail))
         for listener in self.listeners:
             listener(target, action, "end", outcome)
         return outcome

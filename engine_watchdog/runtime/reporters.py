@@ -14,8 +14,9 @@ from engine_watchdog.core.model import (
     State,
     Transition,
     Verdict,
+    incident_id,
 )
-from engine_watchdog.report.console import incident_id, transition_json, transition_line
+from engine_watchdog.report.console import transition_json, transition_line
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.runtime.events import Channel
 from engine_watchdog.runtime.watcher import Watcher

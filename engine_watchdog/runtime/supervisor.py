@@ -25,13 +25,13 @@ from engine_watchdog.core.model import (
     StuckRequest,
     Transition,
     Verdict,
+    incident_id,
 )
 from engine_watchdog.core.settings import PolicySettings
 from engine_watchdog.guard.errors import MESSAGES, Ending
 from engine_watchdog.host.logs import bind
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.supervise import EngineExited
-from engine_watchdog.report.console import incident_id
 from engine_watchdog.runtime.events import Channel, RequestsStuck
 from engine_watchdog.runtime.hands import Actions, GuardControl, refusal
 from engine_watchdog.runtime.ledger import ActionListener, Ledger

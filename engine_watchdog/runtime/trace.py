@@ -129,7 +129,8 @@ def encode_guard(obs: GuardObs) -> dict[str, Any]:
         }
         for q in obs.quiet
     ]
-    return rec | {"gaps": list(obs.gaps), "quiet": quiet}
+    rec |= {"gaps": list(obs.gaps), "quiet": quiet}
+    return rec | {"awaiting": obs.awaiting, "awaiting_since": obs.awaiting_since}
 
 
 def decode_guard(t: float, rec: dict[str, Any]) -> GuardObs:
@@ -154,6 +155,8 @@ def decode_guard(t: float, rec: dict[str, Any]) -> GuardObs:
         last_event_t=_num(rec.get("last_event_t")),
         gaps=tuple(int(n) for n in rec.get("gaps", ())),
         quiet=quiet,
+        awaiting=int(rec.get("awaiting", 0)),
+        awaiting_since=_num(rec.get("awaiting_since")),
     )
 
 

@@ -11,7 +11,8 @@ trace, /status, /metrics) nor has it on its command line.
 First, on the same engine before its deadlock, the way out of a stall on a real vLLM: an idle
 engine core SIGSTOPped 25 s behind ``guard --action answer``, refused meanwhile, then SIGCONT:
 requests pass through the guard again within one canary round. The guard's canary carries the
-key (--api-key-file); the clients send their own.
+key (--api-key-file); the clients send their own. Then the same idle core stopped behind
+``watch --guard-listen`` with the defaults, a request sent 2 s later: answered within 15 s.
 
 One vLLM start for the module (40-90 s here), about 40 s of watching and 45 s of the pause.
 """
@@ -33,9 +34,17 @@ import pytest
 
 from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.e2e.conftest import ServerFactory
-from tests.tools.guard import admitted_within, completion, start_guard, stop_guard, stream
+from tests.tools.guard import (
+    GuardProcess,
+    admitted_within,
+    completion,
+    start_guard,
+    stop_guard,
+    stream,
+)
 from tests.tools.vllm_server import SERVED_MODEL, VllmServer, plugin_env
-from tests.tools.watch import WatchProcess, get, start_watch, stop_watch
+from tests.tools.watch import WatchProcess, get, metric, start_watch, stop_watch
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -102,6 +111,52 @@ async def test_a_paused_idle_vllm_core_resumed_is_admitted_within_one_canary_rou
     assert refused, "the guard never refused while the core was paused"
     # One canary round, and generous slack for a 2-core machine's vLLM.
     assert took is not None and took <= WAY_OUT_ROUND_S + 15.0, (took, guard.states())
+
+
+async def test_a_request_to_an_idle_stopped_vllm_core_is_answered_within_15_s(
+    keyed_vllm: tuple[VllmServer, Path], tmp_path: Path
+) -> None:
+    """The seed's failure on an idle engine (docs/guard.md, "Before the first token"): an idle
+    ``VLLM::EngineCore`` SIGSTOPped after its first idle canary, a streaming request through
+    ``watch --guard-listen`` (the defaults) 2 s later. The core publishes nothing, so vLLM's
+    metrics say idle; the request the guard holds is the evidence. Before: answered after
+    42.6-57.5 s (the idle canary's minute), /status idle meanwhile."""
+    server, _ = keyed_vllm
+    key_file = tmp_path / "api-key"
+    key_file.write_text(KEY + "\n")
+    guard = await start_guard(
+        "watch", server.base_url, "--api-key-file", str(key_file), "--incident-dir", str(tmp_path)
+    )
+    try:
+        await guard.wait_state("idle", 60)
+        # The first idle canary answered: the next is a minute away.
+        await eventually(lambda: _canary_seen(guard), 30, 0.2, "an idle canary")
+        core = server.engine_core_pids()[0]
+        os.kill(core, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(2)
+            sent = time.monotonic()
+            async with aiohttp.ClientSession(headers=AUTH) as session:
+                body = completion(SERVED_MODEL, 5)
+                got = await stream(session, guard.guard_url, body, timeout=90)
+            answered = time.monotonic() - sent
+        finally:
+            os.kill(core, signal.SIGCONT)
+        took = await admitted_within(
+            guard.guard_url, SERVED_MODEL, 3 * WAY_OUT_ROUND_S + 30, timeout=20, headers=AUTH
+        )
+    finally:
+        await stop_guard(guard)
+    print(f"\n[e2e] idle vLLM core stopped: request answered in {answered:.1f} s")
+    assert answered <= 15.0, (answered, guard.states())
+    assert got.error is not None and got.error["code"] == 503 and got.done, got.events[-2:]
+    assert "stalled(stopped)" in guard.states(), guard.states()
+    assert took is not None, guard.states()  # and served again once resumed
+
+
+async def _canary_seen(guard: GuardProcess) -> float | None:
+    name = "engine_watchdog_last_observation_timestamp_seconds"
+    return metric(await guard.metrics(), name, probe="canary")
 
 
 async def _refused(guard_url: str, until: float) -> bool:

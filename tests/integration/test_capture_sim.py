@@ -70,7 +70,7 @@ async def test_bundle_of_a_deadlocked_simulator_shows_the_blocked_frame(
     summary = (res.path / "summary.md").read_text()
     assert "blocked acquiring a lock in _step_with_lock" in summary
     assert summary.startswith("# vllm stalled (host-deadlock)")
-    assert res.path.name.endswith("-vllm-host-deadlock")
+    assert res.path.name.endswith("Z-0-host-deadlock")  # its incident: engine 0, cause
 
 
 @pytest.mark.parametrize("fault", ["deadlock", "spin"])

@@ -91,14 +91,14 @@ async def test_a_stall_bundle_names_the_known_hang_it_resembles(
 
 async def test_bad_signature_files_and_bundles_are_one_line_errors(tmp_path: Path) -> None:
     broken = signature_file(tmp_path, {**SIM_HANG, "rules": [{"kind": "frame", "weight": 99}]})
-    for args in (
-        ("watch", "http://127.0.0.1:1", "--signatures", str(broken)),
-        ("capture", "--pid", "1", "--signatures", str(broken)),
-        ("explain", str(tmp_path), "--signatures", str(broken)),
-        ("explain", str(tmp_path / "no-such-bundle")),
+    for code, args in (
+        (64, ("watch", "http://127.0.0.1:1", "--signatures", str(broken))),
+        (64, ("capture", "--pid", "1", "--signatures", str(broken))),
+        (64, ("explain", str(tmp_path), "--signatures", str(broken))),
+        (66, ("explain", str(tmp_path / "no-such-bundle"))),  # an input that cannot be read
     ):
         ran = await run_cli(*args, timeout=60)
-        assert ran.code == 64, (args, ran)
+        assert ran.code == code, (args, ran)
         assert len(ran.err.strip().splitlines()) == 1 and "Traceback" not in ran.err, ran.err
 
 

@@ -75,7 +75,7 @@ async def stall_and_recover(
         proc.send_signal(signal.SIGTERM)
         assert proc.stdout is not None
         rest = await asyncio.wait_for(proc.stdout.read(), 20)
-        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        assert await asyncio.wait_for(proc.wait(), 20) == -signal.SIGTERM  # (orderly)
     finally:
         if proc.returncode is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from pathlib import Path
 
 from engine_watchdog.sim.launcher import free_port
@@ -55,4 +56,4 @@ async def test_an_engine_that_exits_by_itself_is_restarted_by_the_supervisor(
             client.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await client
-        assert await dogs.stop(run) == 0
+        assert await dogs.stop(run) == -signal.SIGTERM  # ended, in order, by its SIGTERM

@@ -41,7 +41,7 @@ async def test_watch_reports_the_freeze_serves_its_endpoints_and_records_a_trace
         _, doc = await get(watch.base + "/status")
         assert json.loads(doc)["engines"][0]["state"] == "stalled"
     watch.proc.send_signal(signal.SIGTERM)
-    assert await asyncio.wait_for(watch.proc.wait(), 15) == 0
+    assert await asyncio.wait_for(watch.proc.wait(), 15) == -signal.SIGTERM  # (orderly)
     replay = await run_cli("replay", str(trace), "--json", "--stall-seconds", "10")
     assert replay.code == 1
     assert replay.json()["first_stall_cause"] == stalled["cause"]

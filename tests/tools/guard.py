@@ -316,3 +316,20 @@ async def watched(
         yield guard
     finally:
         await stop_guard(guard)
+
+
+class Log:
+    """A watchdog's log on its stderr pipe (``start_guard(..., log=True)``), read as it comes,
+    never blocking on it; read it now and then, or a long run fills the pipe."""
+
+    def __init__(self, guard: GuardProcess) -> None:
+        self.proc, self.text = guard.proc, ""
+
+    async def once(self, what: str) -> str | None:
+        """The log so far, once it holds ``what``."""
+        assert self.proc.stderr is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.1):
+                while chunk := await self.proc.stderr.read(65536):
+                    self.text += chunk.decode(errors="replace")
+        return self.text if what in self.text else None

@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tarfile
 import time
@@ -25,7 +26,7 @@ from engine_watchdog.capture.evidence import log_tail
 from engine_watchdog.capture.manifest import SCHEMA_VERSION
 from engine_watchdog.capture.retention import new_tmp_dir, prune, release
 from engine_watchdog.capture.step import CaptureContext, StepResult
-from engine_watchdog.core.model import ProcInfo, State, Verdict
+from engine_watchdog.core.model import ProcInfo, State, Verdict, incident_id
 from engine_watchdog.core.redact import REDACTED, is_secret_name, redact_argv, redact_env
 from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.host.tools import write_private
@@ -90,9 +91,12 @@ async def test_bundle_layout_manifest_and_permissions(tmp_path: Path) -> None:
     s = settings(tmp_path, engine_log=log, log_tail_bytes=100)
     timeline = [{"t": T0 - 5, "kind": "scrape", "running": 6}, {"t": T0, "state": "stalled"}]
     res = await write_bundle(s, VERDICT, [CORE], timeline, [ok_step, crashing_step])
-    assert res.path == tmp_path / "inc" / "20261130T060000Z-vllm-stopped"
+    # Named by its incident, as the log lines and action records name it (since: T0 - 10 s).
+    assert res.path == tmp_path / "inc" / "20261130T055950Z-0-stopped"
+    assert res.path.name == incident_id(VERDICT)
     assert leftovers(tmp_path / "inc") == [res.path.name]  # no temporary directory left
     m = json.loads((res.path / "manifest.json").read_text())
+    assert m["incident"] == res.path.name
     assert (m["schema_version"], m["engine"], m["cause"]) == (SCHEMA_VERSION, "vllm", "stopped")
     assert m["verdict"]["state"] == "stalled" and m["trigger"] == "verdict"
     steps = {st["name"]: st for st in m["steps"]}
@@ -244,23 +248,34 @@ async def test_cancelled_capture_leaves_nothing(tmp_path: Path) -> None:
     assert leftovers(tmp_path / "inc") == []
 
 
-async def test_unwritable_incident_dir_is_a_clear_error(tmp_path: Path) -> None:
+async def test_an_unwritable_incident_dir_sends_the_bundle_elsewhere_and_says_where(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never lost in silence: a private temporary folder takes it, and a log line names it."""
     (tmp_path / "file").write_text("")
-    with pytest.raises(BundleError, match=r"could not write|cannot write"):
-        await write_bundle(
-            settings(tmp_path, incident_dir=tmp_path / "file" / "x"), None, [CORE], [], []
-        )
+    wanted = tmp_path / "file" / "x"
+    res = await write_bundle(settings(tmp_path, incident_dir=wanted), None, [CORE], [], [])
+    try:
+        assert res.path.parent != wanted and (res.path / "manifest.json").is_file()
+        assert stat.S_IMODE(res.path.parent.stat().st_mode) == 0o700
+        said = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert said == [
+            f"cannot write bundles in {wanted} (Not a directory): this bundle goes to "
+            f"{res.path.parent} instead; give --incident-dir a folder this user may write"
+        ]
+    finally:
+        shutil.rmtree(res.path.parent)
 
 
 async def test_tar_bundle(tmp_path: Path) -> None:
     res = await write_bundle(settings(tmp_path, tar=True), VERDICT, [CORE], [], [ok_step])
-    assert res.path.name == "20261130T060000Z-vllm-stopped.tar.gz"
+    assert res.path.name == "20261130T055950Z-0-stopped.tar.gz"
     assert leftovers(tmp_path / "inc") == [res.path.name]
     assert stat.S_IMODE(res.path.stat().st_mode) == 0o600
     with tarfile.open(res.path) as tar:
         names = tar.getnames()
-    assert "20261130T060000Z-vllm-stopped/manifest.json" in names
-    assert "20261130T060000Z-vllm-stopped/gpu/snapshot.json" in names
+    assert "20261130T055950Z-0-stopped/manifest.json" in names
+    assert "20261130T055950Z-0-stopped/gpu/snapshot.json" in names
 
 
 async def test_same_second_gets_a_suffix(tmp_path: Path) -> None:

@@ -43,3 +43,20 @@ def test_the_shared_options_keep_their_wording_in_watch() -> None:
     assert helps["--json"].startswith("Print JSON: one object a line for watch, run and guard")
     doctor = option_helps(help_of(doctor_command))
     assert doctor["--json"] == "Print the report as one JSON document."
+
+
+def test_the_action_help_lists_every_rung_the_defaults_use() -> None:
+    """``watch --help`` listed capture,abort,restart,liveness while its default was
+    answer,capture. Through the console script, for each command with --action."""
+    from engine_watchdog.core.model import RUNGS
+    from tests.tools.cli import run_cli_sync
+
+    for command in ("watch", "run", "guard"):
+        ran = run_cli_sync(command, "--help", timeout=60)
+        assert ran.code == 0, ran
+        after = ran.out.split("  --action ", 1)[1]
+        line = " ".join(re.split(r"\n  --", after)[0].split()).replace(", ", ",")
+        listed = re.search(r"none or any of ([\w,]+)", line)
+        assert listed and listed.group(1).split(",") == [str(r) for r in RUNGS], line
+        default = re.search(r"default: ([\w,]+)", line)
+        assert default and set(default.group(1).split(",")) <= set(RUNGS), line

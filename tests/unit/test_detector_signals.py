@@ -261,3 +261,78 @@ def test_a_check_of_a_server_stopped_before_it_began_says_stopped() -> None:
     running += [procs(t + 0.5, "running") for t in range(15)]
     _, seen = run(sorted(running, key=lambda o: o.t), fast_stall_seconds=10)
     assert first_stall(seen) is None, seen
+
+
+def _idle(until: int, state: str, since: float | None = None) -> list[Observation]:
+    """An idle engine (it counts nothing, a canary answered at 10 s), its engine core in
+    ``state``; from ``T0 + since`` the guard holds one request without a first token."""
+    obs: list[Observation] = []
+    for t in range(until):
+        obs.append(scrape(t, Eng()))
+        obs.append(procs(t + 0.2, state if since is not None and t >= since else "sleeping"))
+        if since is not None and t >= since:
+            obs.append(GuardObs(T0 + t + 0.3, 1, 0, awaiting=1, awaiting_since=T0 + since))
+        if t == 10:
+            obs.append(CanaryObs(T0 + 10.5, ok=True, latency_s=0.1, sent_t=T0 + 10.4))
+    return obs
+
+
+def test_a_request_waiting_on_an_idle_stopped_core_is_a_stall_until_a_canary_answers() -> None:
+    """An engine frozen while idle counts nothing (its core publishes no stats): the request
+    the guard holds without a first token is the evidence, with the core in state T. Before:
+    idle, until the idle canary 60 s later."""
+    d, seen = run(_idle(24, "stopped", since=20))
+    assert first_stall(seen) == (22.0, "stopped"), seen  # 2 samples in state T, 2 s waited
+    assert "for a first token" in " ".join(d.verdicts["0"].evidence)
+    # Answered and gone, the engine still stopped: stalled until a canary says otherwise.
+    d.feed(GuardObs(T0 + 24.3, 0, 0))
+    d.feed(scrape(25, Eng()))
+    held = d.verdicts["0"]
+    assert held.state is State.STALLED
+    assert d.canary_due(T0 + 25.5) == "stalled"
+    d.feed(CanaryObs(T0 + 26, ok=True, latency_s=0.1, sent_t=T0 + 25.5))
+    d.feed(scrape(27, Eng()))
+    assert d.verdicts["0"].state is State.IDLE
+
+
+def test_a_request_waiting_on_an_idle_engine_brings_a_canary_at_once() -> None:
+    """Not stopped (a deadlock sleeps): the canary decides, sent a probe round after the
+    request came, not at the idle cadence (60 s); the next every stalled_canary_seconds."""
+    d, seen = run(_idle(21, "sleeping", since=20))
+    assert d.canary_due(T0 + 21.3) is None  # a moment: no doubt yet
+    assert d.canary_due(T0 + 21.6) == "unanswered"
+    d.feed(CanaryObs(T0 + 21.7, ok=True, latency_s=0.1, sent_t=T0 + 21.6))
+    for t in range(22, 25):
+        d.feed(scrape(t, Eng()))
+        d.feed(GuardObs(T0 + t + 0.3, 1, 0, awaiting=1, awaiting_since=T0 + 20))
+    assert d.canary_due(T0 + 22) is None and d.canary_due(T0 + 24.6) == "unanswered"
+    assert d.verdicts["0"].state is State.IDLE and not first_stall(seen)
+    d.feed(CanaryObs(T0 + 33, ok=False, error="timeout", sent_t=T0 + 24.6))
+    assert (d.verdicts["0"].state, d.verdicts["0"].cause) == (State.STALLED, "wedged-idle")
+
+
+def test_a_waiting_request_while_the_engine_moves_is_queued_not_doubted() -> None:
+    """Tokens on the wire since the request came: it waits its turn (no canary, no stall, even
+    with a process stopped: that is the wire's own rule, for streams silent 5 s)."""
+    d, _ = run(_idle(22, "stopped"))
+    d.feed(GuardObs(T0 + 22.3, 2, 1, events=3, last_event_t=T0 + 22.1, awaiting=1,
+                    awaiting_since=T0 + 20))  # fmt: skip
+    d.feed(procs(22.4, "stopped"))
+    assert d.canary_due(T0 + 22.5) is None
+    assert d.verdicts["0"].state is not State.STALLED
+
+
+def test_the_last_request_s_progress_scraped_after_the_next_came_does_not_hide_it() -> None:
+    """The counters of the request before moved on a scrape just after the next request came
+    (stats come after the step): quiet counts from that move, not forever (before: no canary
+    until the idle cadence, 69 s on the simulator)."""
+    e = Eng()
+    obs: list[Observation] = [scrape(t, e) for t in range(12)]
+    obs.insert(10, CanaryObs(T0 + 9.5, ok=True, latency_s=0.1, sent_t=T0 + 9.4))
+    e.tokens += 5
+    obs += [GuardObs(T0 + 12.1, 1, 0, awaiting=1, awaiting_since=T0 + 11.9), scrape(12.2, e)]
+    obs += [GuardObs(T0 + 13.1, 1, 0, awaiting=1, awaiting_since=T0 + 11.9)]
+    d, _ = run(obs)
+    assert d.canary_due(T0 + 13.2) is None
+    d.feed(GuardObs(T0 + 13.8, 1, 0, awaiting=1, awaiting_since=T0 + 11.9))
+    assert d.canary_due(T0 + 13.8) == "unanswered"

@@ -62,24 +62,43 @@ def test_sglang_reports_use_sglangs_template() -> None:
     assert "PID 203 sglang::scheduler_TP3: the same stacks as PID 200" in text
 
 
-def test_the_watchdogs_actions_are_in_the_report(tmp_path: Path) -> None:
+def test_the_watchdogs_actions_are_in_the_report_those_of_its_incident_only(
+    tmp_path: Path,
+) -> None:
+    """The incident dir's history holds every incident's: the report lists its own. Before:
+    the last 50 records whatever their incident, 9 of them written by the test suite, one
+    "SIGKILL sent to engine core"."""
     b = tmp_path / "incidents" / "b"
     shutil.copytree(FIXTURES / "vllm-mtp-engine-core-waits-on-workers", b)
-    (b.parent / "actions.jsonl").write_text(
-        json.dumps(
-            {
-                "t": 1780000010.0,
-                "target": "http://127.0.0.1:8000",
-                "action": "abort",
-                "result": "failed",
-                "detail": "engine still stuck after abort",
-            }
-        )
-        + "\n"
-    )
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest |= {"incident": "20260528T202640Z-0-no-progress", "target": "http://127.0.0.1:8000"}
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    ours = {"t": 1780000010.0, "target": "http://127.0.0.1:8000", "action": "abort"}
+    ours |= {"result": "failed", "detail": "engine still stuck after abort"}
+    ours |= {"engine": "0", "incident": "20260528T202640Z-0-no-progress"}
+    other_incident = ours | {"incident": "20260101T000000Z-0-stopped", "action": "restart"}
+    other_target = ours | {"target": "http://127.0.0.1:9000", "detail": "another engine's"}
+    old = {k: v for k, v in ours.items() if k not in ("engine", "incident")}
+    old |= {"action": "restart", "detail": "SIGKILL sent to engine core [13725]"}
+    records = (ours, other_incident, other_target, old)
+    (b.parent / "actions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     text = report_of(b)
     row = "| 2026-05-28 20:26:50Z | http://127.0.0.1:8000 | abort | failed | engine still stuck"
     assert row in text
+    assert "| restart |" not in text and "another engine's" not in text and "SIGKILL" not in text
+
+
+def test_a_bundle_that_names_no_incident_lists_no_one_else_s_actions(tmp_path: Path) -> None:
+    """Written before manifests named their incident (or on demand): the history beside it is
+    other incidents', so none of it is listed as tried."""
+    b = tmp_path / "incidents" / "b"
+    shutil.copytree(FIXTURES / "vllm-mtp-engine-core-waits-on-workers", b)
+    assert "incident" not in json.loads((b / "manifest.json").read_text())
+    rec = {"t": 1780000010.0, "target": "t", "action": "restart", "result": "ok"}
+    rec |= {"detail": "SIGKILL sent to engine core [1]"}
+    (b.parent / "actions.jsonl").write_text(json.dumps(rec) + "\n")
+    text = report_of(b)
+    assert "SIGKILL" not in text and "the bundle names no incident" in text
 
 
 def huge_bundle(tmp_path: Path) -> Path:

@@ -14,10 +14,12 @@ from engine_watchdog.core.model import (
     CanaryObs,
     GpuInfo,
     GpuObs,
+    GuardObs,
     HealthObs,
     Observation,
     ProcInfo,
     ProcsObs,
+    QuietStream,
     RestartObs,
 )
 from engine_watchdog.engines import VLLM
@@ -34,7 +36,7 @@ BODY = (
     'vllm:iteration_tokens_total_count{engine="0",model_name="m"} 99.0\n'
     'vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 1.0\n'
 )
-OBSERVATIONS: dict[str, HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs] = {
+OBSERVATIONS: dict[str, HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs | GuardObs] = {
     "health-200": HealthObs(T, 200),
     "health-timeout": HealthObs(T, None, error="timeout"),
     "canary-ok": CanaryObs(T, ok=True, latency_s=0.25, sent_t=T - 0.25),
@@ -57,6 +59,18 @@ OBSERVATIONS: dict[str, HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs] 
     ),
     "restart": RestartObs(T, "SIGKILL sent to engine core [13725]"),
     "restart-replaced": RestartObs(T, "engine restarted (pid 13801)", replaced=True),
+    "guard": GuardObs(
+        T,
+        3,
+        1,
+        4,
+        1,
+        T - 0.5,
+        (0, 2, 2) + (0,) * 12,
+        (QuietStream("g1", T - 9, T - 8, T - 3, 40, T - 3, "client-7"),),
+        awaiting=2,
+        awaiting_since=T - 2.5,
+    ),
 }
 SCRAPES = {
     "ok": RawScrape(T, status=200, body=BODY, elapsed_s=0.004),
