@@ -28,7 +28,7 @@ from tests.tools.guard import upstream, wait_listening
 
 pytestmark = pytest.mark.timeout(300)
 SANITIZED = os.environ.get("ENGINE_WATCHDOG_SANITIZED", "")
-CLIENTS = {"": 150, "asan": 100, "tsan": 40}[SANITIZED]
+CLIENTS = {"": 150, "asan": 60, "tsan": 30}[SANITIZED]
 SLOWER = {"": 1, "asan": 2, "tsan": 4}[SANITIZED]
 """How much longer a bound of time is under a sanitizer (what it proves there is memory and
 threads; the production build's own run holds the real bound)."""

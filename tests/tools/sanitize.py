@@ -2,7 +2,7 @@
 and with ThreadSanitizer, and the tests that reach it run under each (docs/guard.md, "How the C
 is proved").
 
-    .venv/bin/python -m tests.tools.sanitize [asan] [tsan] [--fuzz-seconds 20]
+    .venv/bin/python -m tests.tools.sanitize [asan] [tsan] [--fuzz-seconds 10]
 
 Each build is the extension's own sources (guard/_relay.c, relay_thread.c, sse.c and the
 vendored llhttp) at -O1 with ``-Wall -Wextra -Werror``, into a copy of the package under
@@ -217,7 +217,7 @@ def main() -> None:
     # against choices as one value, and refused every run without arguments (`make sanitize`).
     kinds_help = f"any of {', '.join(KINDS)} (default: all)"
     parser.add_argument("kinds", nargs="*", metavar="KIND", help=kinds_help)
-    parser.add_argument("--fuzz-seconds", type=float, default=20.0)
+    parser.add_argument("--fuzz-seconds", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     if unknown := sorted(set(args.kinds) - set(KINDS)):
