@@ -24,6 +24,7 @@ NOT_METRICS_HINT = (
     "check the URL: the engine server's own host and port (vLLM's default is 8000), not a "
     "proxy's or a web UI's"
 )
+NOT_FOUND = frozenset({404, 405, 410})
 _LLAMACPP_NO_METRICS = "Start it with `--metrics`"
 """llama-server's 501 answer to /metrics without --metrics (tools/server/server-context.cpp)."""
 
@@ -65,7 +66,9 @@ def detect_profile(
     if special is not None:
         return special
     page = is_html(body)
-    if not 200 <= status < 300 or page:
+    # A web page, or no such path: not an engine's /metrics. A 5xx is an engine's (or a
+    # proxy's) trouble of the moment, judged as a failed scrape, round after round.
+    if page or status in NOT_FOUND:
         what = f"HTTP {status}" + (", a web page" if page else "")
         return Detection(None, what, NOT_METRICS_HINT, metrics=False)
     names = _all_series_names(body)

@@ -63,7 +63,7 @@ async def test_after_kill_9_of_run_exactly_one_engine_serves(tmp_path: Path, orp
         assert listeners(port) and set(listeners(port)) <= ours
         assert starts(tmp_path) == 2, second.log()[-3000:]  # one engine each, no port clash
         assert "address already in use" not in second.log()
-        assert await dogs.stop(second) == 0
+        assert await dogs.stop(second) == -signal.SIGTERM  # (ended by the signal it got)
 
 
 def fake_pyspy(tmp: Path) -> Path:
@@ -141,4 +141,4 @@ async def test_a_second_run_for_a_supervised_engine_is_refused_and_touches_nothi
         errors = [line for line in ran.err.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "already supervises" in errors[0], ran.err
         assert all(p.is_running() for p in engine) and starts(tmp_path) == 1
-        assert await dogs.stop(first) == 0
+        assert await dogs.stop(first) == -signal.SIGTERM
