@@ -113,9 +113,8 @@ class Supervisor:
         if self._recovered():
             self._answered = False  # the incident's clients were answered; new ones pass
         self._gate()
-        if stalled and self.policy.actions and (self.incident is None or self.incident.done()):
-            self.incident = asyncio.create_task(self._incident(stalled[0]), name="incident")
-            self.incident.add_done_callback(_say_if_failed)
+        if stalled:
+            self._start_incident(stalled[0])
 
     def on_stuck(self, findings: list[StuckRequest]) -> None:
         """The request judge's findings: abort each (--request-action abort, not --dry-run),
@@ -127,10 +126,18 @@ class Supervisor:
             )
             rec = {"kind": "request-stuck", "request_id": f.request_id, "result": result}
             self.note(rec | {"silent_s": f.silent_s, "threshold_s": f.threshold_s})
-            if f.burst and self.policy.actions and (self.incident is None or self.incident.done()):
+            if f.burst:
                 evidence = (f"several requests stuck while the engine served others: {f.evidence}",)
-                verdict = Verdict(f.t, "-", State.STALLED, STUCK_REQUESTS, evidence=evidence)
-                self.incident = asyncio.create_task(self._incident(verdict), name="incident")
+                self._start_incident(
+                    Verdict(f.t, "-", State.STALLED, STUCK_REQUESTS, evidence=evidence)
+                )
+
+    def _start_incident(self, verdict: Verdict) -> None:
+        """The one place an incident starts: one at a time, and a bug in it said at once."""
+        if not self.policy.actions or (self.incident is not None and not self.incident.done()):
+            return
+        self.incident = asyncio.create_task(self._incident(verdict), name="incident")
+        self.incident.add_done_callback(_say_if_failed)
 
     def _stuck(self, f: StuckRequest) -> str:
         if self.guard is None:

@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from engine_watchdog.core.model import Action, State, StuckRequest
 from engine_watchdog.core.settings import PolicySettings
 from engine_watchdog.recovery.history import ActionHistory
@@ -118,3 +120,23 @@ async def test_a_burst_of_stuck_requests_is_an_incident_that_only_captures(tmp_p
     assert guard.ended == ["a"]  # the healthy streams are left alone
     assert notes[0]["kind"] == "request-stuck" and notes[0]["result"] == "aborted"
     assert STUCK_REQUESTS == "stuck-requests"
+
+
+async def test_a_burst_incident_that_fails_says_so_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An incident started by stuck requests is watched like one started by a stalled round: a
+    bug in it is one error line when it happens, not a late "exception was never retrieved"."""
+
+    def broken(target: str, action: Action, phase: str, outcome: object) -> None:
+        if phase == "end":
+            raise RuntimeError("a listener's bug")
+
+    policy = PolicySettings(actions=frozenset({Action.ANSWER, Action.CAPTURE}))
+    history, orders = ActionHistory(tmp_path / "a.jsonl"), GuardOrders(RecordingGuard())
+    sup = Supervisor(policy, ScriptedActions(), history, [broken], clock=lambda: T, orders=orders)
+    sup.on_stuck([stuck("a", burst=True)])
+    assert sup.incident is not None
+    await asyncio.wait({sup.incident}, timeout=5)  # never retrieves its exception
+    await asyncio.sleep(0)  # its done callbacks run
+    assert "incident handling failed: RuntimeError" in caplog.text
