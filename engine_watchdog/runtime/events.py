@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from engine_watchdog.core.model import StuckRequest, Transition, Verdict
+from engine_watchdog.core.model import StuckRequest
 
 log = logging.getLogger(__name__)
 E = TypeVar("E")
@@ -37,15 +37,6 @@ class Channel(Generic[E]):
                 subscriber(event)
             except Exception:  # a bug in one listener: said, and the others go on
                 log.exception("%s: a subscriber failed", self.name)
-
-
-@dataclass(frozen=True)
-class Judged:
-    """One probe round judged: its transitions (maybe none) and every verdict now."""
-
-    target: str
-    changes: tuple[Transition, ...]
-    verdicts: dict[str, Verdict]
 
 
 @dataclass(frozen=True)

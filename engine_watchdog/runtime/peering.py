@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +35,11 @@ from engine_watchdog.peers.restart import NodeRestart, shm_root_from
 from engine_watchdog.peers.server import PeerServer, RestartHook, make_peer_app
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import sample_procs_async, url_port
+from engine_watchdog.recovery.actions import GroupStop
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
 from engine_watchdog.runtime.watcher import Watcher
 
 log = logging.getLogger(__name__)
-GroupStop = Callable[[Path | None], Awaitable[Outcome]]
-"""bundle dir (or None) -> every node's stop and check (the leader's restart rung)."""
 
 
 @dataclass
