@@ -26,6 +26,7 @@ from engine_watchdog.core.model import (
     Note,
     Observation,
     ProcsObs,
+    Reason,
     RestartObs,
     ScrapeObs,
     State,
@@ -229,7 +230,7 @@ class Detector:
 
     def _api_unresponsive(self, obs: ScrapeObs) -> bool:
         """Both /metrics and /health time out for the whole stall window."""
-        if obs.error != "timeout" or self._health_timeout_since is None:
+        if obs.error != Cause.TIMEOUT or self._health_timeout_since is None:
             return False
         assert self._unreachable_since is not None
         since = max(self._unreachable_since, self._health_timeout_since)
@@ -239,14 +240,14 @@ class Detector:
         """/metrics answered by the engine's own loop (llama.cpp) timing out for the whole stall
         window: the loop is hung, whatever /health says. The loop last answered at the end of
         the last good scrape; this one proves it silent until its own timeout."""
-        if not self.settings.metrics_from_engine_loop or obs.error != "timeout":
+        if not self.settings.metrics_from_engine_loop or obs.error != Cause.TIMEOUT:
             return False
         assert self._unreachable_since is not None
         since = self._last_answer_t if self._last_answer_t is not None else self._unreachable_since
         return obs.t + (obs.elapsed_s or 0.0) - since >= self.settings.stall_seconds
 
     def _on_health(self, obs: HealthObs) -> list[Transition]:
-        if obs.error == "timeout":
+        if obs.error == Cause.TIMEOUT:
             self._health_timeout_since = self._health_timeout_since or obs.t
         else:
             self._health_timeout_since = None
@@ -381,7 +382,7 @@ class Detector:
         track: Track,
         t: float,
         state: State,
-        cause: str | None,
+        cause: Reason | None,
         flat: float = 0.0,
         note: str | None = None,
     ) -> list[Transition]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from engine_watchdog.core.model import CanaryObs
+from engine_watchdog.core.model import CanaryObs, Cause, HttpStatus
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.net.errors import TLS, TOO_LARGE
@@ -76,7 +76,8 @@ class Canary:
         if answer.error in (TOO_LARGE, TLS):
             return None, f"{UNUSABLE} {path}: {answer.error}"
         if answer.error is not None or answer.status is None:
-            return None, answer.error or "no-answer"  # no answer at all: evidence, as any request
+            # No answer at all: evidence, as any request.
+            return None, answer.error or Cause.NO_ANSWER
         if answer.status != 200:
             return None, f"{UNUSABLE} {path} answered HTTP {answer.status}"
         doc = answer.json()
@@ -115,9 +116,10 @@ def _judge(answer: Answer) -> tuple[bool, str | None]:
     if answer.error in (TOO_LARGE, TLS):
         return False, f"{UNUSABLE} completion: {answer.error}"
     if answer.error is not None or answer.status is None:
-        return False, answer.error or "no-answer"  # timeout, disconnected...: evidence
+        return False, answer.error or Cause.NO_ANSWER  # timeout, disconnected...: evidence
     if answer.status >= 500:
-        return False, f"http-{answer.status}"  # the engine failed it (EngineDeadError is a 500)
+        # The engine failed it (EngineDeadError is a 500).
+        return False, HttpStatus.of(answer.status)
     if answer.status != 200:
         return False, f"{UNUSABLE} http-{answer.status}"  # our request's fault (4xx)
     choice = _first_choice(answer.json())

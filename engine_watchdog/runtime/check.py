@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from engine_watchdog.core.detector import TARGET
-from engine_watchdog.core.model import State, Verdict
+from engine_watchdog.core.model import Cause, HttpStatus, Reason, State, Verdict
 from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.net.connection import connection_for
 from engine_watchdog.report.console import verdict_dict
@@ -38,7 +38,14 @@ SOCKETS_PER_CHECK = 3
 FD_RESERVE = 64
 """File descriptors kept for everything else (logs, the event loop, DNS, NVML)."""
 # Scrape errors that will not heal by waiting: give up at once.
-_HOPELESS = ("connection-refused", "dns", "no-engine-series", "http-404", "too-large", "tls")
+_HOPELESS: tuple[Reason, ...] = (
+    Cause.REFUSED,
+    Cause.DNS,
+    Cause.NO_ENGINE_SERIES,
+    HttpStatus.of(404),
+    Cause.TOO_LARGE,
+    Cause.TLS,
+)
 _QUIET = (State.IDLE, State.SLEEPING)
 
 

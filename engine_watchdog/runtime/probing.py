@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from engine_watchdog.core.exposition import filter_body
-from engine_watchdog.core.model import CanaryObs, GuardObs, Observation, ProcsObs, ScrapeObs
+from engine_watchdog.core.model import CanaryObs, Cause, GuardObs, Observation, ProcsObs, ScrapeObs
 from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.engines import PROFILES, VLLM
 from engine_watchdog.engines.detect import detect_profile
@@ -151,10 +151,10 @@ class Prober:
         if self.detecting and raw.body is not None:
             detail = self._detect(raw.body, raw.status or 0)
             if detail is not None:  # not named yet: say so, try again next round
-                unnamed = replace(raw, body=None, error="no-engine-series", detail=detail)
+                unnamed = replace(raw, body=None, error=Cause.NO_ENGINE_SERIES, detail=detail)
                 self.record(encode_scrape(unnamed))
                 self.last_scrape = ScrapeObs(
-                    raw.t, error="no-engine-series", detail=detail, status=raw.status
+                    raw.t, error=Cause.NO_ENGINE_SERIES, detail=detail, status=raw.status
                 )
                 return self.last_scrape
             if self.profile.metrics_path != profile_path:

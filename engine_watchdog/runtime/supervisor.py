@@ -42,8 +42,6 @@ ANSWER_WAIT_S = 0.5
 """How long the answer rung waits for the hold-back checks (the engine paused on purpose)."""
 EXIT_RETRY_S = 5.0
 """How often a rate-limited restart after an exit asks the rate limit again."""
-STUCK_REQUESTS = "stuck-requests"
-"""The cause of an incident made of several stuck requests (the engine serves the others)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +127,7 @@ class Supervisor:
             if f.burst:
                 evidence = (f"several requests stuck while the engine served others: {f.evidence}",)
                 self._start_incident(
-                    Verdict(f.t, "-", State.STALLED, STUCK_REQUESTS, evidence=evidence)
+                    Verdict(f.t, "-", State.STALLED, Cause.STUCK_REQUESTS, evidence=evidence)
                 )
 
     def _start_incident(self, verdict: Verdict) -> None:
@@ -165,7 +163,7 @@ class Supervisor:
         bind(incident=incident_id(verdict))
         log.warning("incident: engine %s stalled (%s)", verdict.engine, verdict.cause)
         rungs = self.policy.actions
-        if verdict.cause == STUCK_REQUESTS:
+        if verdict.cause is Cause.STUCK_REQUESTS:
             # The engine serves the others: evidence for its maintainers, nothing that would
             # end the healthy streams with the stuck ones.
             if Action.CAPTURE in rungs:

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine_watchdog.core.model import (
     CanaryObs,
+    Cause,
     GpuInfo,
     GpuObs,
     GuardObs,
@@ -194,13 +195,13 @@ def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
             status=None if status is None else int(status),
             body=_str(rec.get("body")),
             elapsed_s=_duration(rec.get("elapsed_s")),
-            error=_str(rec.get("error")),
+            error=_cause(rec.get("error")),
             detail=_str(rec.get("detail")),
         )
         return parse_scrape(raw, profile)
     if kind == "health":
         status = _num(rec.get("status"))
-        return HealthObs(t, None if status is None else int(status), _str(rec.get("error")))
+        return HealthObs(t, None if status is None else int(status), _cause(rec.get("error")))
     if kind == "canary":
         return CanaryObs(
             t,
@@ -254,6 +255,12 @@ def _str(value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ValueError(f"not a string: {value!r}")
     return value
+
+
+def _cause(value: Any) -> Cause | None:
+    """A failed request's code (net/errors.py); any other is a broken record (ValueError)."""
+    text = _str(value)
+    return None if text is None else Cause(text)
 
 
 def _bool(value: Any) -> bool:

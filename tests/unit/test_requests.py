@@ -4,6 +4,7 @@ scripted guard observations in time order, as the watcher feeds them live and re
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from engine_watchdog.core.model import (
     EngineSample,
@@ -164,7 +165,7 @@ SLOW_PACE = gaps(b0_1=96, b1_0=2)
 cores under load: new requests' prefills hold a step)."""
 
 
-def first_stall(seen: list[tuple[float, str, str | None]]) -> tuple[float, str | None]:
+def first_stall(seen: Sequence[tuple[float, str, str | None]]) -> tuple[float, str | None]:
     stalls = [(t, c) for t, s, c in seen if s == "stalled"]
     assert stalls, seen
     return stalls[0]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from engine_watchdog.core.model import Action, State, StuckRequest
+from engine_watchdog.core.model import Action, Cause, State, StuckRequest
 from engine_watchdog.core.settings import PolicySettings
 from engine_watchdog.recovery.history import ActionHistory
-from engine_watchdog.runtime.supervisor import STUCK_REQUESTS, GuardOrders, Supervisor
+from engine_watchdog.runtime.supervisor import GuardOrders, Supervisor
 from tests.unit.test_supervisor import ScriptedActions, T, verdicts
 
 
@@ -119,7 +119,7 @@ async def test_a_burst_of_stuck_requests_is_an_incident_that_only_captures(tmp_p
     assert sup.actions.calls == ["capture"]  # type: ignore[attr-defined]
     assert guard.ended == ["a"]  # the healthy streams are left alone
     assert notes[0]["kind"] == "request-stuck" and notes[0]["result"] == "aborted"
-    assert STUCK_REQUESTS == "stuck-requests"
+    assert Cause.STUCK_REQUESTS.value == "stuck-requests"
 
 
 async def test_a_burst_incident_that_fails_says_so_at_once(
