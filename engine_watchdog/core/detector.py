@@ -62,7 +62,7 @@ class Detector:
         self._dead: str | None = None
         self._restart = RestartWindow()
         self.wire = Wire()
-        self.requests = RequestJudge(self.settings.request_stall_seconds)
+        self.requests = RequestJudge()
         self._stuck: list[StuckRequest] = []
         self.notes: list[Note] = []
         """Odd things judged, each kind once (the watcher logs them); data, not logging."""
@@ -301,8 +301,7 @@ class Detector:
         """Events on the wire are progress; one rank's, when there is one (with several, a
         stream does not say which rank served it)."""
         moved = self.wire.add(obs)
-        self.requests.floor_s = self.settings.request_stall_seconds
-        self._stuck += self.requests.judge(obs)
+        self._stuck += self.requests.judge(obs, self.settings.request_stall_seconds)
         tracks = [k for k in self._tracks.values() if k.last is not None]
         if moved and len(tracks) == 1 and not self._restarting(obs.t):
             track, last = tracks[0], self.wire.last_event_t or obs.t

@@ -1,7 +1,7 @@
 """One watched target, assembled: watcher, reporters, supervisor, supervised child, trace.
 
 ``watch`` runs one of these per engine (a per-node DaemonSet watches many); ``run`` runs one with
-a supervised child. Nothing here loops: the runner owns the tasks.
+a supervised child. Nothing here loops: the runner names and starts the tasks (runner.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import asyncio
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,11 +36,12 @@ from engine_watchdog.runtime.pid_check import check_pids
 from engine_watchdog.runtime.recording import TraceWriter
 from engine_watchdog.runtime.reporters import ConsoleReporter, MetricsReporter
 from engine_watchdog.runtime.services import Pusher, Task, pod_log, readiness_gate, service_pushers
-from engine_watchdog.runtime.supervisor import GuardOrders, Supervisor
+from engine_watchdog.runtime.supervisor import ActionListener, GuardOrders, Supervisor
 from engine_watchdog.runtime.watcher import Reporter, Watcher
 
-if TYPE_CHECKING:  # imported where used: a plain watch holds neither (docs/performance.md)
+if TYPE_CHECKING:  # imported where used: a plain watch holds none (docs/performance.md)
     from engine_watchdog.guard.proxy import Guard
+    from engine_watchdog.report.readiness import ReadinessGate
     from engine_watchdog.runtime.peering import Peering
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,12 @@ class Target:
     child: ChildEngine | None = None
     writer: TraceWriter | None = None
     guard: Guard | None = None
-    tasks: dict[str, Task] = field(default_factory=dict)
     peering: Peering | None = None
     """This node's peer endpoint in a multi-node group (runtime/peering.py)."""
+    pushers: dict[str, Pusher] = field(default_factory=dict)
+    """The reporters that push to a service, by the name of their task (services.py)."""
+    gate: ReadinessGate | None = None
+    """--readiness-gate's PATCHer (services.py)."""
 
     async def close(self) -> None:
         if self.guard is not None:
@@ -97,9 +101,11 @@ async def assemble(
     command: list[str] | None = None,
     echo_engine: bool = True,
     guard_listen: str | None = None,
+    action_listeners: Sequence[ActionListener] = (),
 ) -> Target:
     """Each part is built with its collaborators, the ones it needs first; nothing is wired
-    into a part after it is built."""
+    into a part after it is built. ``action_listeners``: told every action (after the
+    metrics and the pushers)."""
     await asyncio.to_thread(check_pids, settings)
     if settings.policy.actions or guard_listen or command:  # it will write there
         await _check_incident_dir(settings.capture.incident_dir)
@@ -121,31 +127,27 @@ async def assemble(
         ConsoleReporter(settings.as_json, out),
         MetricsReporter(metrics, watcher, bus.observed),
     ]
-    tasks: dict[str, Task] = {}
     peering = await _peering(settings, session, watcher, guard_listen)
-    if peering is not None:
-        tasks[f"peers:{settings.url}"] = peering.serve()
-    pushers = service_pushers(settings, session, tasks)
-    gate = readiness_gate(settings, session, metrics, tasks)
+    pushers = service_pushers(settings, session)
+    gate = readiness_gate(settings, session, metrics)
     # One history for every restart, whoever asks for it (a stall, the child's exit).
     history = await _history(settings, metrics)
     child = None
     if command:
         child = await _start_child(settings, command, bus.exits.publish, echo_engine)
-        tasks[f"engine-exits:{settings.url}"] = child.watch_exits()
     fan_out = peering.capture_steps() if peering is not None else []
     group_stop = peering.group_stop() if peering is not None else None
+    listeners = [*(p.on_action for p in pushers.values()), *action_listeners]
     supervisor = _supervisor(
-        settings, watcher, metrics, history, child, guard, bus, pushers, (fan_out, group_stop)
+        settings, watcher, metrics, history, child, guard, bus, listeners, (fan_out, group_stop)
     )
     if supervisor:
         reporters.append(supervisor)
-    reporters += pushers
+    reporters += pushers.values()
     if gate is not None:
         reporters.append(gate)
-    return Target(
-        settings, connection, watcher, reporters, supervisor, child, writer, guard, tasks, peering
-    )
+    parts = (supervisor, child, writer, guard, peering, pushers, gate)
+    return Target(settings, connection, watcher, reporters, *parts)
 
 
 async def _guard(
@@ -263,7 +265,7 @@ def _supervisor(
     child: ChildEngine | None,
     guard: Guard | None,
     bus: Channels,
-    pushers: list[Pusher],
+    listeners: list[ActionListener],
     peers: tuple[list[CaptureStep], GroupStop | None],
 ) -> Supervisor | None:
     """The one decider; in run mode always (the child's exits are its to decide)."""
@@ -296,7 +298,7 @@ def _supervisor(
         settings.policy,
         actions,
         history,
-        [count, *(p.on_action for p in pushers)],
+        [count, *listeners],
         target=settings.url,
         orders=orders,
         exits=bus.exits,

@@ -142,7 +142,7 @@ async def run_check(
     finally:
         watcher.close()
     if result.code == EXIT_UNDECIDED:
-        result.undecided = why_undecided(settings, timeout_s)
+        return replace(result, undecided=why_undecided(settings, timeout_s))
     return result
 
 

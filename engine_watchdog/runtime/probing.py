@@ -80,10 +80,8 @@ class Prober:
         if not self.detecting:
             warn_blind_spots(settings, self.profile)
         probe = settings.probe
-        self.canary = Canary(session, connection, self.profile, probe.canary_timeout_s, clock)
-        self.procs = ProcsProbe(
-            None if probe.pids else self.target, probe.pids, self.profile, clock=clock
-        )
+        self.canary = Canary(session, connection, probe.canary_timeout_s, clock)
+        self.procs = ProcsProbe(None if probe.pids else self.target, probe.pids, clock=clock)
         self.gpu = _gpu_probe(settings, gpu)
         self.last_scrape: ScrapeObs | None = None
         self.woken = asyncio.Event()
@@ -106,7 +104,7 @@ class Prober:
         """Start a canary in the background (one at a time; the judge decides when)."""
         if not self.settings.probe.canary or self._canary_task is not None:
             return
-        self._canary_task = asyncio.create_task(self.canary.send(), name="canary")
+        self._canary_task = asyncio.create_task(self.canary.send(self.profile), name="canary")
         self._canary_task.add_done_callback(lambda _: self.woken.set())
 
     def close(self) -> None:
@@ -176,7 +174,6 @@ class Prober:
         log.info("%s: %s", self.target, found.message())
         self.profile, self.detecting = found.profile, False
         self.settings = probe_settings_for(self.settings, found.profile)
-        self.canary.profile = self.procs.profile = found.profile
         warn_blind_spots(self.settings, found.profile)
         self.named.publish(found.profile)
         return None
@@ -190,7 +187,7 @@ class Prober:
         return obs
 
     async def _procs(self) -> Observation:
-        obs: ProcsObs = await asyncio.to_thread(self.procs.sample)
+        obs: ProcsObs = await asyncio.to_thread(self.procs.sample, self.profile)
         self.record(encode(obs))
         return obs
 

@@ -71,6 +71,10 @@ class Server:
         self.server: asyncio.Server | None = None
         self.open: set[asyncio.StreamWriter] = set()
 
+    async def listen(self, host: str, port: int) -> None:
+        """On host:port (an OSError when it cannot bind)."""
+        self.server = await asyncio.start_server(self.connection, host, port, limit=HEAD_LIMIT)
+
     async def cleanup(self) -> None:
         """Stop listening and drop every open connection (each is answered at once anyway)."""
         if self.server is not None:
@@ -158,5 +162,5 @@ def response(code: int, content_type: str, body: bytes, head: bool, extra: bytes
 async def start_server(app: App, host: str, port: int) -> Server:
     """Listening on host:port (an OSError when it cannot bind, nothing left behind)."""
     served = Server(app)
-    served.server = await asyncio.start_server(served.connection, host, port, limit=HEAD_LIMIT)
+    await served.listen(host, port)
     return served
