@@ -2,7 +2,8 @@
 ``Actions`` protocol).
 
 Recovery never probes: what it needs to know of the engine comes through :class:`EngineHandle`,
-which the runtime implements over its watcher (the process finder included).
+which the runtime implements from its typed events (runtime/engine.py; the process finder
+included).
 """
 
 from __future__ import annotations

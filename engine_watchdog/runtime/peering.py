@@ -37,7 +37,6 @@ from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import sample_procs_async, url_port
 from engine_watchdog.recovery.actions import GroupStop
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
-from engine_watchdog.runtime.watcher import Watcher
 
 log = logging.getLogger(__name__)
 
@@ -162,17 +161,20 @@ def node_restart(
 async def target_peering(
     settings: WatchSettings,
     session: aiohttp.ClientSession,
-    watcher: Watcher,
+    find_procs: FindProcs,
+    gpu: GpuProbe | None,
     guard_listen: str | None,
 ) -> Peering | None:
     """A watched target's peering (``watch``, ``run``, ``guard``): its ranks are the watched
-    engine's processes, and neither the engine's port nor the guard's is the peer port."""
+    engine's processes (``find_procs``), and neither the engine's port nor the guard's is the
+    peer port."""
     ports = {url_port(settings.connect_url or settings.url): "the engine's URL"}
     if guard_listen:
         ports[parse_listen(guard_listen, "--guard-listen")[1]] = "--guard-listen"
-    py_spy = settings.capture.py_spy
-    return await start_peering(settings.peers, session, watcher.find_procs, py_spy, watcher.gpu,
-                               ports=ports, engine_uid=settings.recovery.engine_uid)  # fmt: skip
+    uid, py_spy = settings.recovery.engine_uid, settings.capture.py_spy
+    return await start_peering(
+        settings.peers, session, find_procs, py_spy, gpu, ports=ports, engine_uid=uid
+    )
 
 
 async def run_peer(

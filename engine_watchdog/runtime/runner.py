@@ -57,7 +57,7 @@ async def probe_loop(
     watcher: Watcher, reporters: list[Reporter], rounds: int | None = None
 ) -> None:
     """Probe at a fixed rate (a slow round delays the next, never piles rounds up)."""
-    interval = watcher.settings.probe.interval_s
+    interval = watcher.interval_s
     next_at = time.monotonic()
     done = 0
     while rounds is None or done < rounds:

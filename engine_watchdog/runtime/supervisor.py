@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine_watchdog.core.model import (
@@ -32,7 +32,7 @@ from engine_watchdog.guard.errors import MESSAGES, Ending
 from engine_watchdog.host.logs import bind
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.supervise import EngineExited
-from engine_watchdog.runtime.events import Channel, RequestsStuck
+from engine_watchdog.runtime.events import Channel, RequestsStuck, StuckHandled, StuckResult
 from engine_watchdog.runtime.hands import Actions, GuardControl, refusal
 from engine_watchdog.runtime.ledger import ActionListener, Ledger
 
@@ -51,8 +51,8 @@ class GuardOrders:
     guard: GuardControl
     request_action: str = "abort"
     """abort or report (GuardSettings.request_action)."""
-    note: Callable[[dict[str, object]], None] = lambda rec: None
-    """Puts a record into the incident timeline (the watcher's)."""
+    handled: Channel[StuckHandled] = field(default_factory=lambda: Channel("stuck-handled"))
+    """Told what became of each stuck request (the records: the incident timeline, the trace)."""
 
 
 class Supervisor:
@@ -95,7 +95,7 @@ class Supervisor:
         self._target = target
         self.guard = orders.guard if orders else None
         self.request_action = orders.request_action if orders else "abort"
-        self.note = orders.note if orders else (lambda rec: None)
+        self.handled: Channel[StuckHandled] = orders.handled if orders else Channel("stuck-handled")
         self._answered = False
         self._restarting = asyncio.Lock()
         """One restart decision at a time, whoever asks (the ladder, an exit)."""
@@ -122,8 +122,7 @@ class Supervisor:
             log.warning(
                 "request %s stuck: %s; %s", f.request_id, f.evidence, result.replace("-", " ")
             )
-            rec = {"kind": "request-stuck", "request_id": f.request_id, "result": result}
-            self.note(rec | {"silent_s": f.silent_s, "threshold_s": f.threshold_s})
+            self.handled.publish(StuckHandled(f.request_id, result, f.silent_s, f.threshold_s))
             if f.burst:
                 evidence = (f"several requests stuck while the engine served others: {f.evidence}",)
                 self._start_incident(
@@ -137,7 +136,7 @@ class Supervisor:
         self.incident = asyncio.create_task(self._incident(verdict), name="incident")
         self.incident.add_done_callback(_say_if_failed)
 
-    def _stuck(self, f: StuckRequest) -> str:
+    def _stuck(self, f: StuckRequest) -> StuckResult:
         if self.guard is None:
             return "not aborted (no guard)"
         self.guard.count_stuck()

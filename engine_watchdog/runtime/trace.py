@@ -33,6 +33,7 @@ from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.engines import PROFILES
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.probes.metrics import RawScrape, parse_scrape
+from engine_watchdog.runtime.events import StuckHandled
 
 VERSION = 1
 log = logging.getLogger(__name__)
@@ -176,6 +177,17 @@ def encode(
     if isinstance(obs, GpuObs):
         return encode_gpu(obs)
     return encode_procs(obs)
+
+
+def encode_handled(t: float, event: StuckHandled) -> dict[str, Any]:
+    """What the supervisor had the guard do with a stuck request (replay skips its kind)."""
+    rec = {"v": VERSION, "t": t, "kind": "request-stuck", "request_id": event.request_id}
+    return {
+        **rec,
+        "result": event.result,
+        "silent_s": event.silent_s,
+        "threshold_s": event.threshold_s,
+    }
 
 
 def decode_settings(rec: dict[str, Any]) -> RecordedSettings:
