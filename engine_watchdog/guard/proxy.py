@@ -107,8 +107,14 @@ class Guard:
         engine = f"{up.scheme}://{up.authority}{up.base_path}"  # (no credential: none is here)
         kind = "compiled" if scan.COMPILED else "Python"  # (guard/scan.py)
         kind += ", relay thread" if self.lanes is not None else ""  # (guard/lanes.py)
-        log.info("guard on http://%s:%d in front of %s (event loop: %s, per-event rules: %s)",
-                 host, self.port, engine, loop, kind)  # fmt: skip
+        log.info(
+            "guard on http://%s:%d in front of %s (event loop: %s, per-event rules: %s)",
+            host,
+            self.port,
+            engine,
+            loop,
+            kind,
+        )
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -20,9 +20,9 @@ from pathlib import Path
 import aiohttp
 
 from engine_watchdog.capture.step import CaptureStep
-from engine_watchdog.core.checks import parse_listen
+from engine_watchdog.core.checks import parse_listen, validate_peers
 from engine_watchdog.core.model import Outcome, ProcInfo
-from engine_watchdog.core.serving import PeerSettings, validate_peers
+from engine_watchdog.core.serving import PeerSettings
 from engine_watchdog.core.settings import Secret, SettingsError, WatchSettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.host.tools import tools_with
@@ -203,8 +203,11 @@ async def run_peer(
                     "peer: not in a group; give --peers HOST:PORT,... or run it under "
                     "LeaderWorkerSet (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX)"
                 )
-            print(f"engine-watchdog peer: {peering.view.me.name} ({peering.view.role}) on "
-                  f"{peers.bind}:{peering.server.port}", flush=True)  # fmt: skip
+            print(
+                f"engine-watchdog peer: {peering.view.me.name} ({peering.view.role}) on "
+                f"{peers.bind}:{peering.server.port}",
+                flush=True,
+            )
             try:
                 await stopping.event.wait()
             finally:

@@ -59,8 +59,12 @@ def make_app(registry: CollectorRegistry, status: StatusFn, live: CheckFn, ready
     def status_handler() -> Answer:
         return 200, JSON, json.dumps(status()).encode()
 
-    return {"/metrics": metrics, "/livez": probe(live), "/readyz": probe(ready),
-            "/status": status_handler}  # fmt: skip
+    return {
+        "/metrics": metrics,
+        "/livez": probe(live),
+        "/readyz": probe(ready),
+        "/status": status_handler,
+    }
 
 
 class Server:
