@@ -30,10 +30,13 @@ install: $(STAMP)
 demo: $(DEMO_STAMP)
 	$(DEMO_VENV)/bin/python -m engine_watchdog demo
 
+# The prose checks (tests/lint: the docs' map, no internal issue numbers, self-contained, the
+# licence) are lint, not behaviour: here, not in pytest's own run.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(PY) -m pytest -q -p no:cacheprovider tests/lint
 
 tools:
 	bash deploy/ensure-tools.sh

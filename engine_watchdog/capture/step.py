@@ -47,9 +47,9 @@ class StepResult:
 
 CaptureStep = Callable[[CaptureContext], Awaitable[StepResult]]
 
-WAKES_THE_ENGINE = frozenset({"flight-recorder", "faulthandler"})
+WAKES_THE_ENGINE = frozenset({"flight-recorder"})
 """Steps (by ``__name__``) that make the engine run code of its own: PyTorch's flight-recorder
-dump thread, a signal handler. The bundle writer runs them after the steps that only look
+dump thread. The bundle writer runs them after the steps that only look
 (py-spy, NVML), so the stacks show the engine as the stall left it. On an H200, a concurrent
 py-spy caught PyTorch's dump thread importing torch._dynamo for the dump, and the summary named
 it "in a collective" (docs/gpu-verification.md)."""

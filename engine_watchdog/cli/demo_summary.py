@@ -39,8 +39,10 @@ class Story:
             click.echo(f"[{self.now():6.1f}s] {text}")
 
     def interrupted(self) -> None:
-        self.say("interrupted: stopping the clients, the watchdog and the simulated engine "
-                 "(a second Ctrl-C ends it at once)")  # fmt: skip
+        self.say(
+            "interrupted: stopping the clients, the watchdog and the simulated engine "
+            "(a second Ctrl-C ends it at once)"
+        )
         self.quiet = True
 
     def mark(self, name: str, text: str) -> None:

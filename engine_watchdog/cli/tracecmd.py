@@ -41,9 +41,9 @@ def record(url: str, output: Path, duration: float, **kw: Any) -> None:
     """Record observations of an engine into a replayable trace."""
     from engine_watchdog.cli.options import watch_settings
     from engine_watchdog.runtime.assembly import ConsoleReporter
-    from engine_watchdog.runtime.recording import TraceWriter
+    from engine_watchdog.runtime.recording import RoundRecords, TraceWriter
     from engine_watchdog.runtime.runner import probe_loop
-    from engine_watchdog.runtime.watcher import Watcher
+    from engine_watchdog.runtime.watcher import watcher_for
 
     settings = validate(watch_settings(kw, url))
     rounds = max(1, round(duration / settings.probe.interval_s))
@@ -54,8 +54,7 @@ def record(url: str, output: Path, duration: float, **kw: Any) -> None:
         writer = TraceWriter(output, "--output")
         try:
             async with aiohttp.ClientSession() as session:
-                watcher = Watcher(settings, session)
-                watcher.listeners.append(writer.write)
+                watcher = watcher_for(settings, session, records=RoundRecords((writer.write,)))
                 await probe_loop(watcher, [ConsoleReporter(False, click.echo)], rounds)
         finally:
             writer.close()

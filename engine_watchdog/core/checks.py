@@ -9,11 +9,12 @@ from urllib.parse import urlsplit
 
 from engine_watchdog.core.model import RUNGS, Action
 from engine_watchdog.core.redact import redact_url
-from engine_watchdog.core.serving import SettingsError, validate_guard
+from engine_watchdog.core.serving import REQUEST_ACTIONS, GuardSettings, PeerSettings
 from engine_watchdog.core.settings import (
     EVENT_LOOPS,
     DetectorSettings,
     ProcessSettings,
+    SettingsError,
     WatchSettings,
 )
 
@@ -103,3 +104,32 @@ def validate_process(p: ProcessSettings) -> ProcessSettings:
     if p.event_loop not in EVENT_LOOPS:
         raise SettingsError(f"--guard-loop {p.event_loop!r}: choose from {', '.join(EVENT_LOOPS)}")
     return p
+
+
+def validate_peers(p: PeerSettings, taken: dict[int, str]) -> None:
+    """The peer port is free of the other ports this node serves (``taken``: port -> flag)."""
+    if not 0 < p.port < 65536:
+        raise SettingsError(f"--peer-port {p.port}: must be between 1 and 65535")
+    if p.port in taken:
+        raise SettingsError(
+            f"--peer-port {p.port} is the port of {taken[p.port]}: give the peer endpoint its own"
+        )
+    if p.deadline_s < 2.0:
+        raise SettingsError("--peer-deadline must be at least 2 seconds")
+
+
+def validate_guard(g: GuardSettings) -> None:
+    if g.request_action not in REQUEST_ACTIONS:
+        raise SettingsError(
+            f"--request-action {g.request_action!r}: choose from {', '.join(REQUEST_ACTIONS)}"
+        )
+    if g.max_body_bytes < 1:
+        raise SettingsError("--guard-max-body-bytes must be at least 1")
+    if g.retry_after_s < 0:
+        raise SettingsError("--guard-retry-after must be >= 0 seconds")
+    if not 0 <= g.drain_s <= 3600:
+        raise SettingsError("--guard-drain-seconds must be between 0 and 3600")
+    if not 0 < g.head_timeout_s <= 3600:
+        raise SettingsError("--guard-head-timeout must be > 0 and at most 3600 seconds")
+    if g.max_idle_connections < 1:
+        raise SettingsError("--guard-max-idle-connections must be at least 1")

@@ -26,6 +26,7 @@ from engine_watchdog.core.model import (
     Note,
     Observation,
     ProcsObs,
+    Reason,
     RestartObs,
     ScrapeObs,
     State,
@@ -61,7 +62,7 @@ class Detector:
         self._dead: str | None = None
         self._restart = RestartWindow()
         self.wire = Wire()
-        self.requests = RequestJudge(self.settings.request_stall_seconds)
+        self.requests = RequestJudge()
         self._stuck: list[StuckRequest] = []
         self.notes: list[Note] = []
         """Odd things judged, each kind once (the watcher logs them); data, not logging."""
@@ -229,7 +230,7 @@ class Detector:
 
     def _api_unresponsive(self, obs: ScrapeObs) -> bool:
         """Both /metrics and /health time out for the whole stall window."""
-        if obs.error != "timeout" or self._health_timeout_since is None:
+        if obs.error != Cause.TIMEOUT or self._health_timeout_since is None:
             return False
         assert self._unreachable_since is not None
         since = max(self._unreachable_since, self._health_timeout_since)
@@ -239,14 +240,14 @@ class Detector:
         """/metrics answered by the engine's own loop (llama.cpp) timing out for the whole stall
         window: the loop is hung, whatever /health says. The loop last answered at the end of
         the last good scrape; this one proves it silent until its own timeout."""
-        if not self.settings.metrics_from_engine_loop or obs.error != "timeout":
+        if not self.settings.metrics_from_engine_loop or obs.error != Cause.TIMEOUT:
             return False
         assert self._unreachable_since is not None
         since = self._last_answer_t if self._last_answer_t is not None else self._unreachable_since
         return obs.t + (obs.elapsed_s or 0.0) - since >= self.settings.stall_seconds
 
     def _on_health(self, obs: HealthObs) -> list[Transition]:
-        if obs.error == "timeout":
+        if obs.error == Cause.TIMEOUT:
             self._health_timeout_since = self._health_timeout_since or obs.t
         else:
             self._health_timeout_since = None
@@ -300,8 +301,7 @@ class Detector:
         """Events on the wire are progress; one rank's, when there is one (with several, a
         stream does not say which rank served it)."""
         moved = self.wire.add(obs)
-        self.requests.floor_s = self.settings.request_stall_seconds
-        self._stuck += self.requests.judge(obs)
+        self._stuck += self.requests.judge(obs, self.settings.request_stall_seconds)
         tracks = [k for k in self._tracks.values() if k.last is not None]
         if moved and len(tracks) == 1 and not self._restarting(obs.t):
             track, last = tracks[0], self.wire.last_event_t or obs.t
@@ -381,7 +381,7 @@ class Detector:
         track: Track,
         t: float,
         state: State,
-        cause: str | None,
+        cause: Reason | None,
         flat: float = 0.0,
         note: str | None = None,
     ) -> list[Transition]:

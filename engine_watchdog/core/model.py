@@ -39,8 +39,10 @@ SEVERITY: dict[State, int] = {s: i for i, s in enumerate(State)}
 
 
 class Cause(Word):
-    """Why a verdict is stalled, suspect or starting (unreachable verdicts carry the failed
-    probe's own error code instead: timeout, connection-refused, http-503...)."""
+    """Why a verdict is what it is: a stall's cause, or what the failed probe got (unreachable
+    and starting verdicts; net/errors.py says which failure each is). With :class:`HttpStatus`
+    the one closed vocabulary of causes, from the probe's answer to the metric label
+    (:data:`Reason`)."""
 
     ENGINE_DEAD = "engine-dead"
     """/health answered 503, or the engine-core process is gone."""
@@ -62,10 +64,52 @@ class Cause(Word):
     """The metrics say idle but a canary fails (a scheduler frozen while idle)."""
     RESTARTING = "restarting"
     """(state starting) the watchdog restarted the engine and waits for the next one."""
+    STUCK_REQUESTS = "stuck-requests"
+    """Several requests stuck while the engine served others (the request judge's burst): an
+    incident of the supervisor's, never a detector's verdict."""
+    # What a failed request got (net/errors.py): the cause of an unreachable or starting verdict.
+    TIMEOUT = "timeout"
+    TOO_LARGE = "too-large"
+    TLS = "tls"
+    REFUSED = "connection-refused"
+    DNS = "dns"
+    """The URL's host name does not resolve: no connection was even tried."""
+    DISCONNECTED = "disconnected"
+    HTTP_ERROR = "http-error"
+    NO_ANSWER = "no-answer"
+    NO_BODY = "no-body"
+    NO_ENGINE_SERIES = "no-engine-series"
+    """/metrics answered, with no series of a known engine."""
 
 
-STALL_CAUSES: tuple[Cause, ...] = tuple(c for c in Cause if c is not Cause.RESTARTING)
-"""Causes a stalled verdict can carry."""
+STALL_CAUSES: tuple[Cause, ...] = (
+    Cause.ENGINE_DEAD,
+    Cause.STOPPED,
+    Cause.GPU_SPIN,
+    Cause.HOST_DEADLOCK,
+    Cause.HOST_BUSY,
+    Cause.ADMISSION_STALL,
+    Cause.NO_PROGRESS,
+    Cause.API_UNRESPONSIVE,
+    Cause.WEDGED_IDLE,
+)
+"""Causes the detector's stalled verdicts can carry."""
+
+
+class HttpStatus(str):
+    """A request answered with an HTTP error status, as a cause: ``http-503``. Statuses are
+    numbers, not a list of words: made by :meth:`of`."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, status: int | None) -> HttpStatus:
+        """(None: an answer recorded without its status, as a hand-written trace may hold.)"""
+        return cls(f"http-{status}")
+
+
+Reason = Cause | HttpStatus
+"""Every cause a verdict, a probe's error, a log line or a metric label can carry."""
 
 
 class Action(Word):
@@ -127,8 +171,8 @@ class ScrapeObs:
 
     t: float
     engines: tuple[EngineSample, ...] = ()
-    error: str | None = None
-    """Short code: timeout, connection-refused, http-<status>, too-large, no-engine-series..."""
+    error: Reason | None = None
+    """timeout, connection-refused, http-<status>, too-large, no-engine-series..."""
     detail: str | None = None
     """One line for humans saying what was found and what to check."""
     status: int | None = None
@@ -143,7 +187,7 @@ class HealthObs:
 
     t: float
     status: int | None
-    error: str | None = None
+    error: Cause | None = None
 
 
 @dataclass(frozen=True)
@@ -279,7 +323,7 @@ class Verdict:
     t: float
     engine: str
     state: State
-    cause: str | None = None
+    cause: Reason | None = None
     """Why, for stalled/suspect/unreachable (e.g. no-progress, stopped, engine-dead)."""
     since: float | None = None
     """When the engine entered this state."""
@@ -289,7 +333,7 @@ class Verdict:
     """Short human-readable facts behind the verdict, newest last."""
 
 
-def incident_name(t: float, engine: str, cause: str | None) -> str:
+def incident_name(t: float, engine: str, cause: Reason | None) -> str:
     """``20261130T055012Z-0-stopped``: the UTC second a stall began, the engine (its
     data-parallel rank; ``all`` for the whole target) and the cause; safe as a file name."""
     stamp = datetime.fromtimestamp(t, timezone.utc).strftime("%Y%m%dT%H%M%SZ")

@@ -39,8 +39,7 @@ BURST_WINDOW_S = 300.0
 class RequestJudge:
     """Per-request verdicts from the guard's observations; time comes from them."""
 
-    def __init__(self, floor_s: float) -> None:
-        self.floor_s = floor_s
+    def __init__(self) -> None:
         self.gaps = GapWindow()
         self._named: set[str] = set()
         self._recent: deque[float] = deque()
@@ -59,12 +58,13 @@ class RequestJudge:
             self._preempted_t = obs.t
         self._preemptions = count
 
-    def judge(self, obs: GuardObs) -> list[StuckRequest]:
-        """The streams of this observation newly found stuck."""
+    def judge(self, obs: GuardObs, floor_s: float) -> list[StuckRequest]:
+        """The streams of this observation newly found stuck; ``floor_s``: the per-request
+        threshold's floor (--request-stall-seconds)."""
         self.gaps.add(obs.t, obs.gaps)
         quiet_ids = {q.request_id for q in obs.quiet}
         self._named &= quiet_ids  # a stream that spoke again, or ended, may be judged anew
-        threshold = self.gaps.threshold(self.floor_s)
+        threshold = self.gaps.threshold(floor_s)
         if obs.last_event_t is None or obs.t - obs.last_event_t > threshold / 2:
             self._wire_quiet_t = obs.t
         found = []

@@ -1,6 +1,7 @@
 """The settings of what the watchdog serves beside the engine: the guard on the data path and
-the peer endpoint of a multi-node group (frozen dataclasses, a docstring per field, and their
-checks; the rest of the settings are in core/settings.py, which holds these in WatchSettings)."""
+the peer endpoint of a multi-node group (frozen dataclasses, a docstring per field; their
+checks are in core/checks.py, the rest of the settings in core/settings.py, which holds these
+in WatchSettings)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,6 @@ ANSWER_S = 2.0
 event (guard/drain.py). Here, not there: the stop budget is computed before the stop handler
 is in, and importing the guard for it (50 ms) left a Ctrl-C to asyncio's runner, which
 cancelled the start and lost the signal (tests/integration/test_stopping.py)."""
-
-
-class SettingsError(ValueError):
-    """Bad input; the message names the fix. The CLI prints it as one line and exits 64."""
-
-    exit_code = 64
 
 
 REQUEST_ACTIONS = ("abort", "report")
@@ -71,32 +66,3 @@ class PeerSettings:
     deadline_s: float = 15.0
     """The leader's one deadline for every node's capture answer; within the capture step's
     own bound (``step_timeout_s``, 20 s, less 1 s), which the bundle writer enforces."""
-
-
-def validate_peers(p: PeerSettings, taken: dict[int, str]) -> None:
-    """The peer port is free of the other ports this node serves (``taken``: port -> flag)."""
-    if not 0 < p.port < 65536:
-        raise SettingsError(f"--peer-port {p.port}: must be between 1 and 65535")
-    if p.port in taken:
-        raise SettingsError(
-            f"--peer-port {p.port} is the port of {taken[p.port]}: give the peer endpoint its own"
-        )
-    if p.deadline_s < 2.0:
-        raise SettingsError("--peer-deadline must be at least 2 seconds")
-
-
-def validate_guard(g: GuardSettings) -> None:
-    if g.request_action not in REQUEST_ACTIONS:
-        raise SettingsError(
-            f"--request-action {g.request_action!r}: choose from {', '.join(REQUEST_ACTIONS)}"
-        )
-    if g.max_body_bytes < 1:
-        raise SettingsError("--guard-max-body-bytes must be at least 1")
-    if g.retry_after_s < 0:
-        raise SettingsError("--guard-retry-after must be >= 0 seconds")
-    if not 0 <= g.drain_s <= 3600:
-        raise SettingsError("--guard-drain-seconds must be between 0 and 3600")
-    if not 0 < g.head_timeout_s <= 3600:
-        raise SettingsError("--guard-head-timeout must be > 0 and at most 3600 seconds")
-    if g.max_idle_connections < 1:
-        raise SettingsError("--guard-max-idle-connections must be at least 1")

@@ -12,7 +12,12 @@ from pathlib import Path
 
 from engine_watchdog.core.model import Action
 from engine_watchdog.core.serving import GuardSettings, PeerSettings
-from engine_watchdog.core.serving import SettingsError as SettingsError  # (its home for all)
+
+
+class SettingsError(ValueError):
+    """Bad input; the message names the fix. The CLI prints it as one line and exits 64."""
+
+    exit_code = 64
 
 
 class CannotWriteError(Exception):

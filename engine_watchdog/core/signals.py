@@ -124,9 +124,6 @@ class Signals:
                 return c
         return None
 
-    def canary_ok_since(self, since: float) -> bool:
-        return any(c.ok and c.sent >= since for c in self.canaries)
-
     def last_canary_sent(self) -> float | None:
         return self.canaries[-1].sent if self.canaries else None
 

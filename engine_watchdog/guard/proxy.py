@@ -76,7 +76,9 @@ class Guard:
         self._runner: web.AppRunner | None = None
         self._seen = (0, 0, [0] * (len(GAP_BOUNDS) + 1))
         self.port = 0
-        self._relay = Relay(upstream, self.stats, clock, settings.connect_timeout_s)
+        self._relay = Relay(
+            upstream, self.stats, clock, settings.connect_timeout_s, lambda: self.lanes
+        )
         self.self_check = SelfCheck(settings.held_limit_s, self.stats)
         """Every request it holds moves, or is ended, within the limit (guard/held.py)."""
         self.lanes: Lanes | None = None
@@ -97,7 +99,7 @@ class Guard:
         )
         await self._runner.setup()
         self._server = await self.conns.listen(self._runner, host, port)
-        self.lanes = self._relay.lanes = Lanes.start(self.stats)
+        self.lanes = Lanes.start(self.stats)
         sockets = self._server.sockets
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
         loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # uvloop or asyncio
@@ -105,8 +107,14 @@ class Guard:
         engine = f"{up.scheme}://{up.authority}{up.base_path}"  # (no credential: none is here)
         kind = "compiled" if scan.COMPILED else "Python"  # (guard/scan.py)
         kind += ", relay thread" if self.lanes is not None else ""  # (guard/lanes.py)
-        log.info("guard on http://%s:%d in front of %s (event loop: %s, per-event rules: %s)",
-                 host, self.port, engine, loop, kind)  # fmt: skip
+        log.info(
+            "guard on http://%s:%d in front of %s (event loop: %s, per-event rules: %s)",
+            host,
+            self.port,
+            engine,
+            loop,
+            kind,
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -115,7 +123,7 @@ class Guard:
             await self._runner.cleanup()
         if self.lanes is not None:
             self.lanes.close()
-            self.lanes = self._relay.lanes = None
+            self.lanes = None
 
     # -- the supervisor's orders -----------------------------------------------------------
 

@@ -45,14 +45,19 @@ class Relay:
     """The guard's path to one engine: every request, from its connection to its end."""
 
     def __init__(
-        self, upstream: Upstream, stats: GuardStats, clock: Callable[[], float], timeout_s: float
+        self,
+        upstream: Upstream,
+        stats: GuardStats,
+        clock: Callable[[], float],
+        timeout_s: float,
+        lanes: Callable[[], Lanes | None],
     ) -> None:
+        """``lanes``: the relay thread (guard/lanes.py) while the guard runs it, else None."""
         self.upstream = upstream
         self.stats = stats
         self.clock = clock
         self.timeout_s = timeout_s
-        self.lanes: Lanes | None = None
-        """The relay thread (guard/lanes.py), once the guard has started it."""
+        self.lanes = lanes
 
     async def pump(
         self, request: web.Request, ex: Exchange, headers: CIMultiDict[str], body: bytes
@@ -81,7 +86,7 @@ class Relay:
             framed = bool(getattr(writer, "chunked", False))  # aiohttp chose chunks for it
             stats = self.stats if ex.sse else None
             transport = _client_transport(request)
-            client = Client(transport, ex, stats, framed, self.clock, self.lanes)
+            client = Client(transport, ex, stats, framed, self.clock, self.lanes())
             await up.relay(client, writer)
             await resp.write_eof()
             return resp

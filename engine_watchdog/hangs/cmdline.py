@@ -68,9 +68,3 @@ def contains_any(argv: Sequence[str], words: Sequence[str]) -> str | None:
         if any(w.lower() in low for w in words):
             return arg[:200]
     return None
-
-
-def flag_value(argv: Sequence[str], names: Sequence[str]) -> str | None:
-    """The value of the first of ``names`` on the command line, or None when absent."""
-    wanted = {norm(n) for n in names}
-    return next((v for n, v in flags(argv) if n in wanted), None)

@@ -172,10 +172,6 @@ class Signature:
     not_confirmed: str = ""
     """What the cited reports do not show (or what a claim about them did not hold)."""
 
-    @property
-    def total_weight(self) -> int:
-        return sum(r.weight for r in self.rules)
-
 
 @dataclass(frozen=True)
 class SignatureSet:

@@ -121,10 +121,6 @@ def configure(as_json: bool, verbose: bool | None = None) -> None:
         handler.setFormatter(JsonFormatter() if as_json else TextFormatter())
 
 
-def is_json() -> bool:
-    return _json
-
-
 def error_line(message: str) -> str:
     """The one line a command ends with on bad input, in the process's format."""
     if not _json:

@@ -150,12 +150,6 @@ def make_private_dirs(path: Path) -> None:
         folder.mkdir(mode=0o700, exist_ok=True)
 
 
-def open_private_append(path: Path) -> int:
-    """A file descriptor appending to ``path``, created 0600 if missing (its folders 0700)."""
-    make_private_dirs(path.parent)
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-
-
 def copy_private(src: Path, dest: Path) -> None:
     """Copy into the bundle as a private file (0600), never over an existing one."""
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -1,5 +1,6 @@
-"""Short, stable codes for failed requests (verdicts, metrics and traces carry them), and the
-one line for humans that says what happened and what to do about it."""
+"""Short, stable codes for failed requests (verdicts, metrics and traces carry them: each is a
+core/model.py ``Cause``), and the one line for humans that says what happened and what to do
+about it."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import ssl
 
 import aiohttp
 
-TIMEOUT = "timeout"
-TOO_LARGE = "too-large"
-TLS = "tls"
-REFUSED = "connection-refused"
-DNS = "dns"
+from engine_watchdog.core.model import Cause
+
+TIMEOUT = Cause.TIMEOUT
+TOO_LARGE = Cause.TOO_LARGE
+TLS = Cause.TLS
+REFUSED = Cause.REFUSED
+DNS = Cause.DNS
 """The URL's host name does not resolve: no connection was even tried."""
-DISCONNECTED = "disconnected"
-HTTP_ERROR = "http-error"
+DISCONNECTED = Cause.DISCONNECTED
+HTTP_ERROR = Cause.HTTP_ERROR
 
 _NAME_MISMATCH = (62, 64)
 """OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and _IP_ADDRESS_MISMATCH: the certificate is for
@@ -26,7 +29,7 @@ class BodyTooLarge(aiohttp.ClientError):
     """An answer's body passed the cap it was read with; the read stopped there."""
 
 
-def error_code(exc: BaseException) -> str:
+def error_code(exc: BaseException) -> Cause:
     """The code of a request that raised ``exc``."""
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return TIMEOUT

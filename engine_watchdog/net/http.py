@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from engine_watchdog.core.model import Cause
 from engine_watchdog.core.redact import redact_url
 from engine_watchdog.net.access import OPEN, Access
 from engine_watchdog.net.errors import TOO_LARGE, BodyTooLarge, describe, error_code
@@ -42,7 +43,7 @@ class Answer:
 
     status: int | None
     body: bytes = b""
-    error: str | None = None
+    error: Cause | None = None
     """timeout, connection-refused, tls, too-large, disconnected, http-error (net/errors.py)."""
     detail: str | None = None
     """One line: the URL, what happened, and for TLS and size the fix."""
@@ -125,7 +126,7 @@ async def post_json(
     """(status, the start of the answer) or (None, an error code)."""
     answer = await fetch(session, "POST", url, timeout_s=timeout_s, access=access, json_body=body)
     if answer.status is None or answer.error is not None:
-        return None, answer.error or "no-answer"
+        return None, answer.error or Cause.NO_ANSWER
     return answer.status, answer.text()[:ERROR_TEXT_BYTES]
 
 

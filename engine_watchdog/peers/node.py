@@ -146,8 +146,11 @@ class LocalNode:
         found = await self.find_procs()
         procs = rank_procs(found)
         # A rank given by --pid that has died is evidence (the culprit, often), not nothing.
-        dead = [RankSample(self.name, self.rank(p.pid), p.pid, RankState.DEAD)
-                for p in found if p.state == "gone"]  # fmt: skip
+        dead = [
+            RankSample(self.name, self.rank(p.pid), p.pid, RankState.DEAD)
+            for p in found
+            if p.state == "gone"
+        ]
         gpu_task = asyncio.ensure_future(self._nvml(procs))
         first, second = await self._two_samples(procs, deadline)
         nvml = await gpu_task

@@ -45,8 +45,10 @@ def _collect(workdir: Path, rels: tuple[str, ...]) -> tuple[dict[str, bytes], li
         path = workdir / rel
         size = path.stat().st_size
         if size > MAX_FILE_BYTES or total + size > MAX_TOTAL_BYTES:
-            notes.append(f"flight recorder {path.name}: {size} B, over what a node ships; "
-                         "it stays on this node where the rank wrote it")  # fmt: skip
+            notes.append(
+                f"flight recorder {path.name}: {size} B, over what a node ships; "
+                "it stays on this node where the rank wrote it"
+            )
             continue
         files[path.name] = path.read_bytes()
         total += size

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from engine_watchdog.core.model import CanaryObs
+from engine_watchdog.core.model import CanaryObs, Cause, HttpStatus
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.net.errors import TLS, TOO_LARGE
@@ -38,37 +38,36 @@ class Canary:
         self,
         session: aiohttp.ClientSession,
         connection: EngineConnection,
-        profile: EngineProfile,
         timeout_s: float = 8.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.session = session
         self.connection = connection
         """Where and with which credential (the key on /v1, else the URL's Basic: never both)."""
-        self.profile = profile
         self.timeout_s = timeout_s
         self.clock = clock
         self.model: str | None = None
         self.pending: set[str] = set()
         """Engine-side ids of canaries in flight (an abort by id can end them)."""
 
-    async def send(self) -> CanaryObs:
-        """One canary; every answer, however bad, ends as an observation (never an exception)."""
+    async def send(self, profile: EngineProfile) -> CanaryObs:
+        """One canary to an engine of ``profile`` (its paths and its request ids); every
+        answer, however bad, ends as an observation (never an exception)."""
         sent, started = self.clock(), time.monotonic()
         if self.model is None:
-            self.model, failure = await self._discover_model()
+            self.model, failure = await self._discover_model(profile)
             if self.model is None:
                 return CanaryObs(self.clock(), ok=False, error=failure, sent_t=sent)
         # One bound for the whole canary, model discovery included ("slower than this: failed").
         left = max(0.1, self.timeout_s - (time.monotonic() - started))
-        answer = await self._complete(self.model, left)
+        answer = await self._complete(profile, self.model, left)
         ok, error = _judge(answer)
         latency = round(answer.elapsed_s, 4) if ok else None
         return CanaryObs(self.clock(), ok=ok, latency_s=latency, error=error, sent_t=sent)
 
-    async def _discover_model(self) -> tuple[str | None, str]:
+    async def _discover_model(self, profile: EngineProfile) -> tuple[str | None, str]:
         """(the first model the engine serves, "") or (None, why not)."""
-        path = self.profile.models_path
+        path = profile.models_path
         conn = self.connection
         answer = await fetch(
             self.session, "GET", conn.url(path), timeout_s=self.timeout_s, access=conn.access
@@ -76,7 +75,8 @@ class Canary:
         if answer.error in (TOO_LARGE, TLS):
             return None, f"{UNUSABLE} {path}: {answer.error}"
         if answer.error is not None or answer.status is None:
-            return None, answer.error or "no-answer"  # no answer at all: evidence, as any request
+            # No answer at all: evidence, as any request.
+            return None, answer.error or Cause.NO_ANSWER
         if answer.status != 200:
             return None, f"{UNUSABLE} {path} answered HTTP {answer.status}"
         doc = answer.json()
@@ -87,14 +87,14 @@ class Canary:
             return None, f"{UNUSABLE} {path} lists no model (not an OpenAI model list)"
         return model, ""
 
-    async def _complete(self, model: str, timeout_s: float) -> Answer:
+    async def _complete(self, profile: EngineProfile, model: str, timeout_s: float) -> Answer:
         # A request id of our own: a stuck canary can be aborted by id where the engine allows.
         request_id = f"engine-watchdog-canary-{_RUN}-{next(_ids)}"
         # vLLM tracks a completion as cmpl-<X-Request-Id>-<prompt index> (openai/completion/
         # serving.py); that is the id its abort endpoint takes.
-        engine_id = self.profile.canary_id_format.format(request_id)
+        engine_id = profile.canary_id_format.format(request_id)
         body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0.0}
-        url = self.connection.url(self.profile.completions_path)
+        url = self.connection.url(profile.completions_path)
         self.pending.add(engine_id)
         try:
             return await fetch(
@@ -115,9 +115,10 @@ def _judge(answer: Answer) -> tuple[bool, str | None]:
     if answer.error in (TOO_LARGE, TLS):
         return False, f"{UNUSABLE} completion: {answer.error}"
     if answer.error is not None or answer.status is None:
-        return False, answer.error or "no-answer"  # timeout, disconnected...: evidence
+        return False, answer.error or Cause.NO_ANSWER  # timeout, disconnected...: evidence
     if answer.status >= 500:
-        return False, f"http-{answer.status}"  # the engine failed it (EngineDeadError is a 500)
+        # The engine failed it (EngineDeadError is a 500).
+        return False, HttpStatus.of(answer.status)
     if answer.status != 200:
         return False, f"{UNUSABLE} http-{answer.status}"  # our request's fault (4xx)
     choice = _first_choice(answer.json())

@@ -31,13 +31,11 @@ class ProcsProbe:
         self,
         url: str | None,
         pids: Sequence[int],
-        profile: EngineProfile,
         rediscover_s: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.url = url
         self.pids = tuple(pids)
-        self.profile = profile
         self.rediscover_s = rediscover_s
         self.clock = clock
         self._known: dict[int, tuple[ProcInfo, float]] = {}
@@ -45,22 +43,21 @@ class ProcsProbe:
         port = url_port(url) if url and not self.pids else None
         self.table = KeptListeners(PsutilTable(), port)
 
-    def sample(self) -> ProcsObs:
+    def sample(self, profile: EngineProfile) -> ProcsObs:
+        """The engine's processes (``profile``: how its titles name their roles)."""
         if not self._known or time.monotonic() - self._found_at >= self.rediscover_s:
-            return self._discover()
+            return self._discover(profile)
         infos = []
         for info, created in self._known.values():
             fresh = _read(info, created)
             if fresh is None:
                 self.table.forget()  # one is gone: find the engine again, sockets and all, now
-                return self._discover()
+                return self._discover(profile)
             infos.append(fresh)
         return ProcsObs(self.clock(), tuple(infos))
 
-    def _discover(self) -> ProcsObs:
-        obs = sample_procs(
-            self.url, self.pids, profile=self.profile, table=self.table, clock=self.clock
-        )
+    def _discover(self, profile: EngineProfile) -> ProcsObs:
+        obs = sample_procs(self.url, self.pids, profile=profile, table=self.table, clock=self.clock)
         self._found_at = time.monotonic()
         self._known = {}
         for p in obs.procs:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from engine_watchdog.core.exposition import Sample, is_number, parse_samples, series_names
-from engine_watchdog.core.model import EngineSample, Note, ScrapeObs
+from engine_watchdog.core.model import Cause, EngineSample, HttpStatus, Note, ScrapeObs
 from engine_watchdog.engines.detect import NOT_METRICS_HINT, is_html
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.access import OPEN, Access
@@ -29,7 +29,7 @@ class RawScrape:
     status: int | None = None
     body: str | None = None
     elapsed_s: float | None = None
-    error: str | None = None
+    error: Cause | None = None
     detail: str | None = None
 
 
@@ -59,16 +59,19 @@ async def scrape(
 def parse_scrape(raw: RawScrape, profile: EngineProfile) -> ScrapeObs:
     """Turn a raw scrape into per-rank samples. Pure: same input, same output."""
     if raw.error is not None or raw.body is None:
-        error = raw.error or "no-body"
+        error = raw.error or Cause.NO_BODY
         return ScrapeObs(raw.t, error=error, detail=raw.detail, elapsed_s=raw.elapsed_s)
     if raw.status != 200:
         detail = f"/metrics answered HTTP {raw.status}"
         detail += f"; {NOT_METRICS_HINT}" if raw.status == 404 else ""
-        return ScrapeObs(raw.t, error=f"http-{raw.status}", detail=detail, status=raw.status)
+        return ScrapeObs(raw.t, error=HttpStatus.of(raw.status), detail=detail, status=raw.status)
     by_engine, duplicates = _by_engine(raw.body, profile)
     if not by_engine:
         return ScrapeObs(
-            raw.t, error="no-engine-series", detail=_no_series_detail(raw.body, profile), status=200
+            raw.t,
+            error=Cause.NO_ENGINE_SERIES,
+            detail=_no_series_detail(raw.body, profile),
+            status=200,
         )
     notes = [_duplicates_note(duplicates)] if duplicates else []
     engines = tuple(_engine_sample(e, s, profile, notes) for e, s in sorted(by_engine.items()))

@@ -2,7 +2,8 @@
 ``Actions`` protocol).
 
 Recovery never probes: what it needs to know of the engine comes through :class:`EngineHandle`,
-which the runtime implements over its watcher (the process finder included).
+which the runtime implements from its typed events (runtime/engine.py; the process finder
+included).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 
 from engine_watchdog.capture.step import CaptureStep
-from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Result, Verdict
+from engine_watchdog.core.model import Cause, Outcome, ProcInfo, Reason, Result, Verdict
 from engine_watchdog.core.settings import CaptureSettings, RecoverySettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.host.tools import tools_with
@@ -89,7 +90,7 @@ class EngineActions:
         recovery: RecoverySettings,
         steps: StepsFactory,
         restarter: Restarter | None = None,
-        on_bundle: Callable[[str, str, str], None] | None = None,
+        on_bundle: Callable[[str, Reason, str], None] | None = None,
         hand_off: Callable[[Path], None] | None = None,
         pod_log: Callable[[], Awaitable[bytes]] | None = None,
         stop_group: GroupStop | None = None,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -259,6 +259,3 @@ class AlertmanagerReporter:
         while True:
             await self.flush()
             await asyncio.sleep(poll_s)
-
-    def firing_alerts(self) -> Iterable[Alert]:
-        return self.firing.values()

@@ -20,6 +20,7 @@ from engine_watchdog.core.model import (
     Action,
     Cause,
     Outcome,
+    Reason,
     Result,
     State,
     Transition,
@@ -122,7 +123,7 @@ class WatchdogMetrics:
                 cause = change.new.cause or Cause.NO_PROGRESS
                 self.stalls.labels(target, change.new.engine, cause).inc()
 
-    def count_incident(self, target: str, cause: str, signature: str) -> None:
+    def count_incident(self, target: str, cause: Reason, signature: str) -> None:
         """A bundle was written. ``signature``: the top known-hang id, or "none"; its values
         are bounded by the signature file (docs/known-hangs.md), not by the incidents."""
         self.incidents.labels(target, cause, signature).inc()

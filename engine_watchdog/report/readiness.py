@@ -125,8 +125,12 @@ class ReadinessGate:
                 retry_in = min(RETRY_MAX_S, 2 * retry_in) if retry_in else RETRY_MIN_S
                 log.warning(
                     "readiness gate: condition %s=%s not set (again in %.0f s or at the next "
-                    "change): %s", CONDITION, want.status, retry_in, exc or type(exc).__name__,
-                )  # fmt: skip
+                    "change): %s",
+                    CONDITION,
+                    want.status,
+                    retry_in,
+                    exc or type(exc).__name__,
+                )
                 continue
             retry_in = None
             self._applied(want)

@@ -1,7 +1,7 @@
 """One watched target, assembled: watcher, reporters, supervisor, supervised child, trace.
 
 ``watch`` runs one of these per engine (a per-node DaemonSet watches many); ``run`` runs one with
-a supervised child. Nothing here loops: the runner owns the tasks.
+a supervised child. Nothing here loops: the runner names and starts the tasks (runner.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import asyncio
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,10 +20,11 @@ import aiohttp
 from engine_watchdog.capture.retention import cannot_write, remove_abandoned
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.core.checks import parse_listen
-from engine_watchdog.core.model import Action, Observation, Outcome
+from engine_watchdog.core.model import Action, Outcome
 from engine_watchdog.core.settings import CannotWriteError, SettingsError, WatchSettings
 from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.peers.discovery import in_lws
+from engine_watchdog.probes.gpu import GpuProbe
 from engine_watchdog.probes.procs import url_port
 from engine_watchdog.recovery.actions import EngineActions, GroupStop
 from engine_watchdog.recovery.handoff import BundleHandOff
@@ -31,16 +32,19 @@ from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.orphans import end_orphan, pid_file
 from engine_watchdog.recovery.supervise import ChildEngine, EngineExited
 from engine_watchdog.report.metrics import WatchdogMetrics
-from engine_watchdog.runtime.events import Channel, RequestsStuck
+from engine_watchdog.runtime.engine import EngineView
+from engine_watchdog.runtime.events import Bus
 from engine_watchdog.runtime.pid_check import check_pids
-from engine_watchdog.runtime.recording import TraceWriter
+from engine_watchdog.runtime.recording import RoundRecords, TraceWriter
 from engine_watchdog.runtime.reporters import ConsoleReporter, MetricsReporter
 from engine_watchdog.runtime.services import Pusher, Task, pod_log, readiness_gate, service_pushers
-from engine_watchdog.runtime.supervisor import GuardOrders, Supervisor
-from engine_watchdog.runtime.watcher import Reporter, Watcher
+from engine_watchdog.runtime.supervisor import ActionListener, GuardOrders, Supervisor
+from engine_watchdog.runtime.watcher import Reporter, Watcher, watcher_for
 
-if TYPE_CHECKING:  # imported where used: a plain watch holds neither (docs/performance.md)
+if TYPE_CHECKING:  # imported where used: a plain watch holds none (docs/performance.md)
     from engine_watchdog.guard.proxy import Guard
+    from engine_watchdog.peers.node import FindProcs
+    from engine_watchdog.report.readiness import ReadinessGate
     from engine_watchdog.runtime.peering import Peering
 
 log = logging.getLogger(__name__)
@@ -61,9 +65,12 @@ class Target:
     child: ChildEngine | None = None
     writer: TraceWriter | None = None
     guard: Guard | None = None
-    tasks: dict[str, Task] = field(default_factory=dict)
     peering: Peering | None = None
     """This node's peer endpoint in a multi-node group (runtime/peering.py)."""
+    pushers: dict[str, Pusher] = field(default_factory=dict)
+    """The reporters that push to a service, by the name of their task (services.py)."""
+    gate: ReadinessGate | None = None
+    """--readiness-gate's PATCHer (services.py)."""
 
     async def close(self) -> None:
         if self.guard is not None:
@@ -80,15 +87,6 @@ class Target:
             self.writer.close()
 
 
-@dataclass
-class Channels:
-    """The bus of one target (runtime/events.py): who publishes and who listens, fixed here."""
-
-    stuck: Channel[RequestsStuck] = field(default_factory=lambda: Channel("requests-stuck"))
-    observed: Channel[Observation] = field(default_factory=lambda: Channel("observed"))
-    exits: Channel[EngineExited] = field(default_factory=lambda: Channel("engine-exited"))
-
-
 async def assemble(
     settings: WatchSettings,
     session: aiohttp.ClientSession,
@@ -97,55 +95,66 @@ async def assemble(
     command: list[str] | None = None,
     echo_engine: bool = True,
     guard_listen: str | None = None,
+    action_listeners: Sequence[ActionListener] = (),
 ) -> Target:
     """Each part is built with its collaborators, the ones it needs first; nothing is wired
-    into a part after it is built."""
+    into a part after it is built. ``action_listeners``: told every action (after the
+    metrics and the pushers)."""
     await asyncio.to_thread(check_pids, settings)
     if settings.policy.actions or guard_listen or command:  # it will write there
         await _check_incident_dir(settings.capture.incident_dir)
-    bus = Channels()
+    bus = Bus()
     connection = connection_for(settings)  # once: watcher, probes, canary, abort, guard
     # First: a taken port is said before anything else starts.
     guard = await _guard(settings, connection, guard_listen, metrics) if guard_listen else None
     writer = TraceWriter(settings.record) if settings.record else None
-    watcher = Watcher(
-        settings,
-        session,
-        connection=connection,
-        wire=guard,
-        stuck=bus.stuck,
-        observed=bus.observed,
-        sinks=(writer.write,) if writer else (),
-    )
+    watcher, engine = _watch(settings, session, connection, bus, guard, writer)
+    gpu = watcher.prober.gpu
     reporters: list[Reporter] = [
         ConsoleReporter(settings.as_json, out),
         MetricsReporter(metrics, watcher, bus.observed),
     ]
-    tasks: dict[str, Task] = {}
-    peering = await _peering(settings, session, watcher, guard_listen)
-    if peering is not None:
-        tasks[f"peers:{settings.url}"] = peering.serve()
-    pushers = service_pushers(settings, session, tasks)
-    gate = readiness_gate(settings, session, metrics, tasks)
+    peering = await _peering(settings, session, engine.find_procs, gpu, guard_listen)
+    pushers = service_pushers(settings, session)
+    gate = readiness_gate(settings, session, metrics)
     # One history for every restart, whoever asks for it (a stall, the child's exit).
     history = await _history(settings, metrics)
     child = None
     if command:
         child = await _start_child(settings, command, bus.exits.publish, echo_engine)
-        tasks[f"engine-exits:{settings.url}"] = child.watch_exits()
     fan_out = peering.capture_steps() if peering is not None else []
-    group_stop = peering.group_stop() if peering is not None else None
-    supervisor = _supervisor(
-        settings, watcher, metrics, history, child, guard, bus, pushers, (fan_out, group_stop)
-    )
+    peers = (fan_out, peering.group_stop() if peering is not None else None)
+    listeners = [*(p.on_action for p in pushers.values()), *action_listeners]
+    seen = (engine, gpu)
+    supervisor = _supervisor(settings, seen, metrics, history, child, guard, bus, listeners, peers)
     if supervisor:
         reporters.append(supervisor)
-    reporters += pushers
+    reporters += pushers.values()
     if gate is not None:
         reporters.append(gate)
-    return Target(
-        settings, connection, watcher, reporters, supervisor, child, writer, guard, tasks, peering
+    parts = (supervisor, child, writer, guard, peering, pushers, gate)
+    return Target(settings, connection, watcher, reporters, *parts)
+
+
+def _watch(
+    settings: WatchSettings,
+    session: aiohttp.ClientSession,
+    connection: EngineConnection,
+    bus: Bus,
+    guard: Guard | None,
+    writer: TraceWriter | None,
+) -> tuple[Watcher, EngineView]:
+    """The engine's probe rounds (the guard, when there is one, is a probe), and the engine as
+    the actions know it; both on the target's bus."""
+    records = RoundRecords((writer.write,) if writer else ())
+    watcher = watcher_for(
+        settings, session, bus=bus, records=records, connection=connection, wire=guard
     )
+    canary = watcher.prober.canary
+    engine = EngineView(
+        settings, session, connection, bus, lambda: canary.pending, records.timeline
+    )
+    return watcher, engine
 
 
 async def _guard(
@@ -180,7 +189,11 @@ async def _guard(
 
 
 async def _peering(
-    settings: WatchSettings, session: aiohttp.ClientSession, watcher: Watcher, listen: str | None
+    settings: WatchSettings,
+    session: aiohttp.ClientSession,
+    find_procs: FindProcs,
+    gpu: GpuProbe | None,
+    listen: str | None,
 ) -> Peering | None:
     """This node's peering in a group (--peers, or LeaderWorkerSet's environment); a single
     node, the common case, imports none of peers/ (its server, fan-out and restarts)."""
@@ -188,7 +201,7 @@ async def _peering(
         return None
     from engine_watchdog.runtime.peering import target_peering
 
-    return await target_peering(settings, session, watcher, listen)
+    return await target_peering(settings, session, find_procs, gpu, listen)
 
 
 async def _history(settings: WatchSettings, metrics: WatchdogMetrics) -> ActionHistory:
@@ -257,31 +270,32 @@ def _child(
 
 def _supervisor(
     settings: WatchSettings,
-    watcher: Watcher,
+    seen: tuple[EngineView, GpuProbe | None],
     metrics: WatchdogMetrics,
     history: ActionHistory,
     child: ChildEngine | None,
     guard: Guard | None,
-    bus: Channels,
-    pushers: list[Pusher],
+    bus: Bus,
+    listeners: list[ActionListener],
     peers: tuple[list[CaptureStep], GroupStop | None],
 ) -> Supervisor | None:
-    """The one decider; in run mode always (the child's exits are its to decide)."""
+    """The one decider; in run mode always (the child's exits are its to decide). ``seen``:
+    the engine as the actions know it, and the GPU probe the capture reads."""
     if not settings.policy.actions and guard is None and child is None:
         return None
-    fan_out, group_stop = peers
+    (engine, gpu), (fan_out, group_stop) = seen, peers
     capture = settings.capture
     if capture.engine_log is None and child is not None:
         capture = replace(capture, engine_log=child.log_path)
     actions = EngineActions(
-        watcher,
+        engine,
         capture,
         settings.recovery,
-        steps=lambda destructive: _capture_steps(destructive, watcher, fan_out),
+        steps=lambda destructive: _capture_steps(destructive, gpu, fan_out),
         restarter=child.restart if child else None,
         on_bundle=metrics.count_incident,
         hand_off=_hand_off(settings, history),
-        pod_log=pod_log(capture, watcher.session),
+        pod_log=pod_log(capture, engine.session),
         stop_group=group_stop,
     )
 
@@ -291,12 +305,12 @@ def _supervisor(
 
     orders = None
     if guard is not None:  # its hands: it decides, the guard carries out
-        orders = GuardOrders(guard, settings.guard.request_action, watcher.note)
+        orders = GuardOrders(guard, settings.guard.request_action, bus.handled)
     return Supervisor(
         settings.policy,
         actions,
         history,
-        [count, *(p.on_action for p in pushers)],
+        [count, *listeners],
         target=settings.url,
         orders=orders,
         exits=bus.exits,
@@ -305,13 +319,13 @@ def _supervisor(
 
 
 def _capture_steps(
-    destructive: bool, watcher: Watcher, fan_out: list[CaptureStep]
+    destructive: bool, gpu: GpuProbe | None, fan_out: list[CaptureStep]
 ) -> list[CaptureStep]:
     """An incident's steps; their modules (py-spy, NVML, flight recorder) imported then."""
     from engine_watchdog.capture.steps import capture_steps
 
     # The fan-out on the capture rung only: a destructive capture is part of a restart.
-    return [*capture_steps(destructive, watcher.gpu), *([] if destructive else fan_out)]
+    return [*capture_steps(destructive, gpu), *([] if destructive else fan_out)]
 
 
 def _hand_off(settings: WatchSettings, history: ActionHistory) -> BundleHandOff | None:

@@ -22,12 +22,21 @@ from typing import Any
 import aiohttp
 
 from engine_watchdog.core.detector import TARGET
-from engine_watchdog.core.model import State, Verdict
+from engine_watchdog.core.model import (
+    CanaryObs,
+    Cause,
+    HttpStatus,
+    Observation,
+    Reason,
+    State,
+    Verdict,
+)
 from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.net.connection import connection_for
 from engine_watchdog.report.console import verdict_dict
+from engine_watchdog.runtime.events import Bus
 from engine_watchdog.runtime.pid_check import check_pids
-from engine_watchdog.runtime.watcher import Watcher
+from engine_watchdog.runtime.watcher import Watcher, watcher_for
 
 EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, EXIT_UNDECIDED = 0, 1, 2, 3
 FLEET_CONCURRENCY_MAX = 1000
@@ -38,7 +47,14 @@ SOCKETS_PER_CHECK = 3
 FD_RESERVE = 64
 """File descriptors kept for everything else (logs, the event loop, DNS, NVML)."""
 # Scrape errors that will not heal by waiting: give up at once.
-_HOPELESS = ("connection-refused", "dns", "no-engine-series", "http-404", "too-large", "tls")
+_HOPELESS: tuple[Reason, ...] = (
+    Cause.REFUSED,
+    Cause.DNS,
+    Cause.NO_ENGINE_SERIES,
+    HttpStatus.of(404),
+    Cause.TOO_LARGE,
+    Cause.TLS,
+)
 _QUIET = (State.IDLE, State.SLEEPING)
 
 
@@ -129,13 +145,16 @@ async def run_check(
     await asyncio.to_thread(check_pids, settings, False)  # check reads processes, never acts
     # A quiet engine gets its canary at once: the check has no minutes to wait for one.
     judged = replace(settings, detector=replace(settings.detector, canary_after_seconds=0.0))
-    watcher = Watcher(judged, session, records=False, connection=connection_for(settings))
+    bus = Bus()
+    watcher = watcher_for(judged, session, bus=bus, connection=connection_for(settings))
+    answered = Answered(time.time())  # the watcher's clock
+    bus.observed.subscribe(answered.on_observed)
     try:
-        result = await _observe(watcher, time.monotonic() + timeout_s)
+        result = await _observe(watcher, answered, time.monotonic() + timeout_s)
     finally:
         watcher.close()
     if result.code == EXIT_UNDECIDED:
-        result.undecided = why_undecided(settings, timeout_s)
+        return replace(result, undecided=why_undecided(settings, timeout_s))
     return result
 
 
@@ -221,31 +240,37 @@ def _counts(docs: list[dict[str, Any]]) -> dict[str, int]:
     return counts
 
 
-async def _observe(watcher: Watcher, deadline: float) -> CheckResult:
+class Answered:
+    """Whether a canary sent since ``since`` was answered, from the judged observations."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.yes = False
+
+    def on_observed(self, obs: Observation) -> None:
+        if isinstance(obs, CanaryObs) and obs.ok and obs.sent >= self.since:
+            self.yes = True
+
+
+async def _observe(watcher: Watcher, canary: Answered, deadline: float) -> CheckResult:
     quiet_rounds: dict[str, int] = {}
-    start = watcher.clock()
     while True:
         await watcher.tick()
         verdicts = watcher.verdicts
         for engine, v in verdicts.items():
             quiet_rounds[engine] = quiet_rounds.get(engine, 0) + 1 if v.state in _QUIET else 0
-        answered = _canary_answered(watcher, start)
+        answered = canary.yes
         code = decide(verdicts, quiet_rounds, answered)
         if code is None and time.monotonic() >= deadline:
             code = at_timeout(verdicts)
         if code is not None:
             evidence = _evidence(code, verdicts, answered)
             return CheckResult(code, list(verdicts.values()), _error(watcher), evidence)
-        pause = min(watcher.settings.probe.interval_s, max(0.0, deadline - time.monotonic()))
+        pause = min(watcher.interval_s, max(0.0, deadline - time.monotonic()))
         # Woken early when the canary ends: its answer is judged at once.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(watcher.woken.wait(), pause)
         watcher.woken.clear()
-
-
-def _canary_answered(watcher: Watcher, since: float) -> bool:
-    canaries = watcher.judge.detector.signals.canaries
-    return any(c.ok and c.sent >= since for c in canaries)
 
 
 def _evidence(code: int, verdicts: dict[str, Verdict], answered: bool) -> str | None:
@@ -256,7 +281,7 @@ def _evidence(code: int, verdicts: dict[str, Verdict], answered: bool) -> str | 
 
 
 def _error(watcher: Watcher) -> str | None:
-    obs = watcher.last_scrape
+    obs = watcher.prober.last_scrape
     if obs is None or obs.error is None:
         return None
     return obs.detail or obs.error

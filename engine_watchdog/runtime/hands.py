@@ -44,9 +44,6 @@ def refusal(verdicts: Iterable[Verdict], answered: bool) -> str | None:
             return "engine-watchdog: the engine is being recovered; retry later or elsewhere"
         if v.state is State.STARTING and v.cause == Cause.RESTARTING:
             return "engine-watchdog: the engine is restarting; retry later or elsewhere"
-        if v.state in (State.STARTING, State.UNREACHABLE) and v.cause in (
-            "connection-refused",
-            "dns",
-        ):
+        if v.state in (State.STARTING, State.UNREACHABLE) and v.cause in (Cause.REFUSED, Cause.DNS):
             return "engine-watchdog: the engine is not listening; retry later or elsewhere"
     return None

@@ -49,8 +49,12 @@ class Notices:
         if isinstance(result, OSError) and result.errno in (errno.EMFILE, errno.ENFILE):
             if self.once("probe-raised:no-descriptor"):  # no bug: the process's own limit
                 fix = "raise the watchdog's open files limit (ulimit -n)"
-                log.error("%s: a probe failed: no file descriptor left (%s); %s",
-                          self.target, result.strerror, fix)  # fmt: skip
+                log.error(
+                    "%s: a probe failed: no file descriptor left (%s); %s",
+                    self.target,
+                    result.strerror,
+                    fix,
+                )
             return True
         if self.once(f"probe-raised:{type(result).__name__}"):
             log.error("%s: a probe failed: %r", self.target, result, exc_info=result)

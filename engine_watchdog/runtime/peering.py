@@ -13,16 +13,16 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
 from engine_watchdog.capture.step import CaptureStep
-from engine_watchdog.core.checks import parse_listen
+from engine_watchdog.core.checks import parse_listen, validate_peers
 from engine_watchdog.core.model import Outcome, ProcInfo
-from engine_watchdog.core.serving import PeerSettings, validate_peers
+from engine_watchdog.core.serving import PeerSettings
 from engine_watchdog.core.settings import Secret, SettingsError, WatchSettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.host.tools import tools_with
@@ -35,12 +35,10 @@ from engine_watchdog.peers.restart import NodeRestart, shm_root_from
 from engine_watchdog.peers.server import PeerServer, RestartHook, make_peer_app
 from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import sample_procs_async, url_port
+from engine_watchdog.recovery.actions import GroupStop
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
-from engine_watchdog.runtime.watcher import Watcher
 
 log = logging.getLogger(__name__)
-GroupStop = Callable[[Path | None], Awaitable[Outcome]]
-"""bundle dir (or None) -> every node's stop and check (the leader's restart rung)."""
 
 
 @dataclass
@@ -163,17 +161,20 @@ def node_restart(
 async def target_peering(
     settings: WatchSettings,
     session: aiohttp.ClientSession,
-    watcher: Watcher,
+    find_procs: FindProcs,
+    gpu: GpuProbe | None,
     guard_listen: str | None,
 ) -> Peering | None:
     """A watched target's peering (``watch``, ``run``, ``guard``): its ranks are the watched
-    engine's processes, and neither the engine's port nor the guard's is the peer port."""
+    engine's processes (``find_procs``), and neither the engine's port nor the guard's is the
+    peer port."""
     ports = {url_port(settings.connect_url or settings.url): "the engine's URL"}
     if guard_listen:
         ports[parse_listen(guard_listen, "--guard-listen")[1]] = "--guard-listen"
-    py_spy = settings.capture.py_spy
-    return await start_peering(settings.peers, session, watcher.find_procs, py_spy, watcher.gpu,
-                               ports=ports, engine_uid=settings.recovery.engine_uid)  # fmt: skip
+    uid, py_spy = settings.recovery.engine_uid, settings.capture.py_spy
+    return await start_peering(
+        settings.peers, session, find_procs, py_spy, gpu, ports=ports, engine_uid=uid
+    )
 
 
 async def run_peer(
@@ -202,8 +203,11 @@ async def run_peer(
                     "peer: not in a group; give --peers HOST:PORT,... or run it under "
                     "LeaderWorkerSet (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX)"
                 )
-            print(f"engine-watchdog peer: {peering.view.me.name} ({peering.view.role}) on "
-                  f"{peers.bind}:{peering.server.port}", flush=True)  # fmt: skip
+            print(
+                f"engine-watchdog peer: {peering.view.me.name} ({peering.view.role}) on "
+                f"{peers.bind}:{peering.server.port}",
+                flush=True,
+            )
             try:
                 await stopping.event.wait()
             finally:

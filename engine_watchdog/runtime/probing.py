@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from engine_watchdog.core.exposition import filter_body
-from engine_watchdog.core.model import CanaryObs, GuardObs, Observation, ProcsObs, ScrapeObs
+from engine_watchdog.core.model import CanaryObs, Cause, GuardObs, Observation, ProcsObs, ScrapeObs
 from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.engines import PROFILES, VLLM
 from engine_watchdog.engines.detect import detect_profile
@@ -69,10 +69,10 @@ class Prober:
         wire: WireSource | None = None,
     ) -> None:
         self.target = settings.url
-        self.connection = connection
+        self._connection = connection
         """Where the probes connect, with which TLS trust and credential (runtime/assembly.py)."""
-        self.session, self.clock, self.notices = session, clock, notices
-        self.record, self.named, self.wire = record, named, wire
+        self._session, self._clock, self._notices = session, clock, notices
+        self._record, self._named, self._wire = record, named, wire
         # "auto": probed as vLLM until the first answer of /metrics names the engine.
         self.profile = PROFILES.get(settings.engine, VLLM)
         self.detecting = settings.engine == "auto"
@@ -80,10 +80,8 @@ class Prober:
         if not self.detecting:
             warn_blind_spots(settings, self.profile)
         probe = settings.probe
-        self.canary = Canary(session, connection, self.profile, probe.canary_timeout_s, clock)
-        self.procs = ProcsProbe(
-            None if probe.pids else self.target, probe.pids, self.profile, clock=clock
-        )
+        self.canary = Canary(session, connection, probe.canary_timeout_s, clock)
+        self._procs_probe = ProcsProbe(None if probe.pids else self.target, probe.pids, clock=clock)
         self.gpu = _gpu_probe(settings, gpu)
         self.last_scrape: ScrapeObs | None = None
         self.woken = asyncio.Event()
@@ -97,7 +95,7 @@ class Prober:
         probed: list[Observation] = self._canary_result(not_before)
         for result in results:
             if isinstance(result, BaseException):
-                self.notices.failed(result)
+                self._notices.failed(result)
             elif result is not None:
                 probed.append(result)
         return probed
@@ -106,7 +104,7 @@ class Prober:
         """Start a canary in the background (one at a time; the judge decides when)."""
         if not self.settings.probe.canary or self._canary_task is not None:
             return
-        self._canary_task = asyncio.create_task(self.canary.send(), name="canary")
+        self._canary_task = asyncio.create_task(self.canary.send(self.profile), name="canary")
         self._canary_task.add_done_callback(lambda _: self.woken.set())
 
     def close(self) -> None:
@@ -124,8 +122,8 @@ class Prober:
             jobs.append(self._procs())
         if self.gpu is not None:
             jobs.append(self._gpu(self.gpu))
-        if self.wire is not None:
-            jobs.append(self._guard(self.wire))
+        if self._wire is not None:
+            jobs.append(self._guard(self._wire))
         return jobs
 
     def _health_wanted(self) -> bool:
@@ -133,38 +131,38 @@ class Prober:
         return self.last_scrape is None or self.last_scrape.error is not None
 
     async def _guard(self, wire: WireSource) -> Observation:
-        obs = wire.snapshot(self.clock())
-        self.record(encode(obs))
+        obs = wire.snapshot(self._clock())
+        self._record(encode(obs))
         return obs
 
     async def _scrape(self) -> Observation:
         probe = self.settings.probe
         profile_path = self.profile.metrics_path
         raw = await scrape(
-            self.session,
-            self.connection.url(self.profile.metrics_path),
+            self._session,
+            self._connection.url(self.profile.metrics_path),
             timeout_s=probe.scrape_timeout_s,
             max_bytes=probe.max_scrape_bytes,
-            clock=self.clock,
-            access=self.connection.access,
+            clock=self._clock,
+            access=self._connection.access,
         )
         if self.detecting and raw.body is not None:
             detail = self._detect(raw.body, raw.status or 0)
             if detail is not None:  # not named yet: say so, try again next round
-                unnamed = replace(raw, body=None, error="no-engine-series", detail=detail)
-                self.record(encode_scrape(unnamed))
+                unnamed = replace(raw, body=None, error=Cause.NO_ENGINE_SERIES, detail=detail)
+                self._record(encode_scrape(unnamed))
                 self.last_scrape = ScrapeObs(
-                    raw.t, error="no-engine-series", detail=detail, status=raw.status
+                    raw.t, error=Cause.NO_ENGINE_SERIES, detail=detail, status=raw.status
                 )
                 return self.last_scrape
             if self.profile.metrics_path != profile_path:
                 return await self._scrape()  # e.g. trtllm-serve's Prometheus text lives elsewhere
         obs = parse_scrape(raw, self.profile)
-        self.notices.notes(obs.notes)
+        self._notices.notes(obs.notes)
         if raw.body is not None:
             # Traces keep only what the profile reads: a few KB instead of hundreds.
             raw = replace(raw, body=filter_body(raw.body, self.profile.wanted_series()))
-        self.record(encode_scrape(raw))
+        self._record(encode_scrape(raw))
         self.last_scrape = obs
         return obs
 
@@ -176,28 +174,27 @@ class Prober:
         log.info("%s: %s", self.target, found.message())
         self.profile, self.detecting = found.profile, False
         self.settings = probe_settings_for(self.settings, found.profile)
-        self.canary.profile = self.procs.profile = found.profile
         warn_blind_spots(self.settings, found.profile)
-        self.named.publish(found.profile)
+        self._named.publish(found.profile)
         return None
 
     async def _health(self) -> Observation:
-        url, access = self.connection.url(self.profile.health_path), self.connection.access
+        url, access = self._connection.url(self.profile.health_path), self._connection.access
         obs = await probe_health(
-            self.session, url, self.settings.probe.scrape_timeout_s, self.clock, access
+            self._session, url, self.settings.probe.scrape_timeout_s, self._clock, access
         )
-        self.record(encode(obs))
+        self._record(encode(obs))
         return obs
 
     async def _procs(self) -> Observation:
-        obs: ProcsObs = await asyncio.to_thread(self.procs.sample)
-        self.record(encode(obs))
+        obs: ProcsObs = await asyncio.to_thread(self._procs_probe.sample, self.profile)
+        self._record(encode(obs))
         return obs
 
     async def _gpu(self, gpu: GpuProbe) -> Observation | None:
         obs = await asyncio.to_thread(gpu.sample)
         if obs is not None:
-            self.record(encode(obs))
+            self._record(encode(obs))
         return obs
 
     def _canary_result(self, not_before: float) -> list[Observation]:
@@ -205,13 +202,13 @@ class Prober:
         if task is None or not task.done():
             return []
         self._canary_task = None
-        if task.cancelled() or self.notices.failed(task.exception()):
+        if task.cancelled() or self._notices.failed(task.exception()):
             return []
         # It may have ended while the last round's probes ran: judged now, after them, so that
         # time never runs backwards for the detector (nor in the trace).
         obs = replace(task.result(), t=max(task.result().t, not_before))
-        self.notices.canary(obs, self.connection.access.api_key is not None)
-        self.record(encode(obs))
+        self._notices.canary(obs, self._connection.access.api_key is not None)
+        self._record(encode(obs))
         return [obs]
 
 

@@ -46,7 +46,7 @@ def judge(
     for item in read_trace(lines, profile, follow_engine):
         records += 1
         if isinstance(item, RecordedSettings):
-            detector.settings = overrides(item.detector)
+            detector.judge_with(overrides(item.detector))
         else:
             changes += detector.feed(item)
             stuck += detector.take_stuck()

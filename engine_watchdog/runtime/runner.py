@@ -57,7 +57,7 @@ async def probe_loop(
     watcher: Watcher, reporters: list[Reporter], rounds: int | None = None
 ) -> None:
     """Probe at a fixed rate (a slow round delays the next, never piles rounds up)."""
-    interval = watcher.settings.probe.interval_s
+    interval = watcher.interval_s
     next_at = time.monotonic()
     done = 0
     while rounds is None or done < rounds:
@@ -77,11 +77,86 @@ async def probe_loop(
         watcher.woken.clear()
 
 
-def status_snapshot(targets: Sequence[Target]) -> dict[str, Any]:
-    engines = [
-        verdict_dict(v, t.watcher.target) for t in targets for v in t.watcher.verdicts.values()
-    ]
-    return {"targets": [t.watcher.target for t in targets], "engines": engines}
+class Fleet:
+    """The targets one process watches, as they are assembled: what its own server reports
+    (it listens before the first is made), and every task of each, named in one place."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        self.targets: list[Target] = []
+
+    async def assemble(
+        self,
+        many: Sequence[WatchSettings],
+        process: ProcessSettings,
+        session: aiohttp.ClientSession,
+        metrics: WatchdogMetrics,
+        out: Callable[[str], None],
+        *,
+        command: list[str] | None,
+        echo_engine: bool,
+        action_listeners: Sequence[ActionListener],
+    ) -> None:
+        """Every target, each kept as it is made (closed by :meth:`close`, also on failure)."""
+        echo, listen = echo_engine, process.guard_listen
+        for s in many:
+            made = await assemble(s, session, metrics, out, command, echo, listen, action_listeners)
+            self.targets.append(made)
+
+    def tasks(self, extra_reporters: Sequence[Reporter]) -> dict[str, Task]:
+        """Every long task of every target, by name (as kopf's ``spawn_tasks``): the peer
+        endpoint, the pushers, the readiness gate, the supervised engine's exits, the probe
+        loop. Made here, when they start: none exists unawaited before."""
+        tasks: dict[str, Task] = {}
+        for t in self.targets:
+            url = t.settings.url
+            own: dict[str, Task] = {}
+            if t.peering is not None:
+                own[f"peers:{url}"] = t.peering.serve()
+            for name, pusher in t.pushers.items():
+                own[f"{name}:{url}"] = pusher.run()
+            if t.gate is not None:
+                own[f"readiness-gate:{url}"] = t.gate.run()
+            if t.child is not None:
+                own[f"engine-exits:{url}"] = t.child.watch_exits()
+            own[f"probe-loop:{url}"] = probe_loop(t.watcher, [*t.reporters, *extra_reporters])
+            tasks.update({name: _for_target(t.watcher.target, c) for name, c in own.items()})
+        return tasks
+
+    def status(self) -> dict[str, Any]:
+        targets = self.targets
+        engines = [
+            verdict_dict(v, t.watcher.target) for t in targets for v in t.watcher.verdicts.values()
+        ]
+        return {"targets": [t.watcher.target for t in targets], "engines": engines}
+
+    def live(self) -> tuple[bool, str]:
+        failed = [
+            t.settings.url for t in self.targets if t.supervisor and t.supervisor.liveness_failed
+        ]
+        if failed:
+            return False, f"the recovery policy says these engines must restart: {failed}"
+        return True, "watching"
+
+    def ready(self) -> tuple[bool, str]:
+        if self.stop.is_set():
+            return False, "stopping"
+        rounds = min((t.watcher.rounds for t in self.targets), default=0)
+        return rounds > 0, f"{rounds} probe rounds"
+
+    async def drain(self) -> None:
+        """Every guard drains at once, each within its own budget (guard/drain.py)."""
+        guarded = [t for t in self.targets if t.guard is not None]
+        if not guarded:  # a plain watch: no guard module imported at start or at stop
+            return
+        from engine_watchdog.guard.drain import drain
+
+        await asyncio.gather(
+            *(drain(t.guard, t.settings.guard.drain_s) for t in guarded if t.guard)
+        )
+
+    async def close(self) -> None:
+        await asyncio.gather(*(_close(t) for t in self.targets))
 
 
 async def run_guarded(
@@ -130,29 +205,27 @@ async def run_watch(
         stopping.install()
         stop = stopping.event
     metrics = WatchdogMetrics()
-    targets: list[Target] = []
-    server = await _serve(process, metrics, targets, stop)  # first: a taken port stops all
+    fleet = Fleet(stop)
+    server = await _serve(process, metrics, fleet)  # first: a taken port stops all
     try:
         async with aiohttp.ClientSession() as session:
             try:
-                await _assemble_all(many, process, session, metrics, out, targets, command,
-                                    echo_engine, action_listeners)  # fmt: skip
+                await fleet.assemble(
+                    many,
+                    process,
+                    session,
+                    metrics,
+                    out,
+                    command=command,
+                    echo_engine=echo_engine,
+                    action_listeners=action_listeners or (),
+                )
                 # Imports and NVML's start are done: their garbage goes back before the first
                 # round's allocations come on top of it (the process's high-water mark).
                 release_freed_memory()
-                tasks: dict[str, Task] = {}
-                for t in targets:
-                    reporters = [*t.reporters, *(extra_reporters or [])]
-                    own = {
-                        **t.tasks,
-                        f"probe-loop:{t.settings.url}": probe_loop(t.watcher, reporters),
-                    }
-                    tasks.update(
-                        {name: _for_target(t.watcher.target, c) for name, c in own.items()}
-                    )
-                return await run_guarded(tasks, stop, lambda: _drain(targets))
+                return await run_guarded(fleet.tasks(extra_reporters or []), stop, fleet.drain)
             finally:
-                await asyncio.gather(*(_close(t) for t in targets))
+                await fleet.close()
     finally:
         if server is not None:
             await bounded(server.cleanup(), CLOSE_S, "the watchdog's own server's cleanup")
@@ -164,32 +237,6 @@ async def _for_target(target: str, task: Task) -> None:
     """A target's task, its log lines naming the target (host/logs.py)."""
     bind(target=target)
     await task
-
-
-async def _assemble_all(
-    many: list[WatchSettings],
-    process: ProcessSettings,
-    session: aiohttp.ClientSession,
-    metrics: WatchdogMetrics,
-    out: Callable[[str], None],
-    targets: list[Target],
-    command: list[str] | None,
-    echo_engine: bool,
-    action_listeners: list[ActionListener] | None,
-) -> None:
-    """Every target, into ``targets`` as it is made (closed by the caller, also on failure)."""
-    try:
-        for s in many:
-            targets.append(
-                await assemble(s, session, metrics, out, command, echo_engine, process.guard_listen)
-            )
-            if targets[-1].supervisor is not None:
-                targets[-1].supervisor.listeners.extend(action_listeners or [])
-    except BaseException:
-        for t in targets:  # made, never started: no "coroutine was never awaited" at exit
-            for coro in t.tasks.values():
-                coro.close()
-        raise
 
 
 def _stop_budget(
@@ -204,40 +251,15 @@ def _stop_budget(
     return budget
 
 
-async def _drain(targets: list[Target]) -> None:
-    """Every guard drains at once, each within its own budget (guard/drain.py)."""
-    guarded = [t for t in targets if t.guard is not None]
-    if not guarded:  # a plain watch: no guard module imported at start or at stop
-        return
-    from engine_watchdog.guard.drain import drain
-
-    await asyncio.gather(*(drain(t.guard, t.settings.guard.drain_s) for t in guarded if t.guard))
-
-
 async def _close(target: Target) -> None:
     bound = CLOSE_S + (CHILD_STOP_S if target.child is not None else 0.0)
     await bounded(target.close(), bound, f"closing the watch of {target.settings.url}")
 
 
-async def _serve(
-    process: ProcessSettings, metrics: WatchdogMetrics, targets: list[Target], stop: asyncio.Event
-) -> Server | None:
+async def _serve(process: ProcessSettings, metrics: WatchdogMetrics, fleet: Fleet) -> Server | None:
     if not process.listen:
         return None
-
-    def live() -> tuple[bool, str]:
-        failed = [t.settings.url for t in targets if t.supervisor and t.supervisor.liveness_failed]
-        if failed:
-            return False, f"the recovery policy says these engines must restart: {failed}"
-        return True, "watching"
-
-    def ready() -> tuple[bool, str]:
-        if stop.is_set():
-            return False, "stopping"
-        rounds = min((t.watcher.rounds for t in targets), default=0)
-        return rounds > 0, f"{rounds} probe rounds"
-
-    app = make_app(metrics.registry, lambda: status_snapshot(targets), live=live, ready=ready)
+    app = make_app(metrics.registry, fleet.status, live=fleet.live, ready=fleet.ready)
     host, port = parse_listen(process.listen)
     try:
         return await start_server(app, host, port)

@@ -59,8 +59,12 @@ def make_app(registry: CollectorRegistry, status: StatusFn, live: CheckFn, ready
     def status_handler() -> Answer:
         return 200, JSON, json.dumps(status()).encode()
 
-    return {"/metrics": metrics, "/livez": probe(live), "/readyz": probe(ready),
-            "/status": status_handler}  # fmt: skip
+    return {
+        "/metrics": metrics,
+        "/livez": probe(live),
+        "/readyz": probe(ready),
+        "/status": status_handler,
+    }
 
 
 class Server:
@@ -70,6 +74,10 @@ class Server:
         self.app = app
         self.server: asyncio.Server | None = None
         self.open: set[asyncio.StreamWriter] = set()
+
+    async def listen(self, host: str, port: int) -> None:
+        """On host:port (an OSError when it cannot bind)."""
+        self.server = await asyncio.start_server(self.connection, host, port, limit=HEAD_LIMIT)
 
     async def cleanup(self) -> None:
         """Stop listening and drop every open connection (each is answered at once anyway)."""
@@ -158,5 +166,5 @@ def response(code: int, content_type: str, body: bytes, head: bool, extra: bytes
 async def start_server(app: App, host: str, port: int) -> Server:
     """Listening on host:port (an OSError when it cannot bind, nothing left behind)."""
     served = Server(app)
-    served.server = await asyncio.start_server(served.connection, host, port, limit=HEAD_LIMIT)
+    await served.listen(host, port)
     return served

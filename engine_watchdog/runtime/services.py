@@ -1,8 +1,9 @@
 """The parts of one watched target that talk to services beside the engine: Kubernetes Events,
 Alertmanager, the readiness gate, the engine container's log through the API. Each is built
 from its own options, checked at start (a missing pod env is a SettingsError then, not at the
-first stall). Each module is imported only when its option is given: a plain ``watch`` holds
-none of them (docs/performance.md)."""
+first stall); the runner starts their tasks (runner.py, ``Fleet.tasks``). Each module is
+imported only when its option is given: a plain ``watch`` holds none of them
+(docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -24,26 +25,23 @@ Task = Coroutine[Any, Any, None]
 Pusher: TypeAlias = "EventsReporter | AlertmanagerReporter"
 
 
-def service_pushers(
-    settings: WatchSettings, session: aiohttp.ClientSession, tasks: dict[str, Task]
-) -> list[Pusher]:
-    """The reporters that push to a service (K8s Events, Alertmanager), each a long task."""
-    pushers: list[Pusher] = []
+def service_pushers(settings: WatchSettings, session: aiohttp.ClientSession) -> dict[str, Pusher]:
+    """The reporters that push to a service (K8s Events, Alertmanager), each a long task, by
+    the name of its task."""
+    pushers: dict[str, Pusher] = {}
     if settings.report.k8s_events:
         from engine_watchdog.net.k8s_api import pod_for
         from engine_watchdog.report.k8s_events import EventsReporter
 
         where = settings.report.k8s_events
         pod = pod_for(where, "--k8s-events", "events-rbac")
-        pushers.append(EventsReporter(session, pod))
-        tasks[f"k8s-events:{settings.url}"] = pushers[-1].run()
+        pushers["k8s-events"] = EventsReporter(session, pod)
     if settings.report.alertmanager:
         from engine_watchdog.report.alertmanager import AlertmanagerReporter
 
-        pushers.append(
-            AlertmanagerReporter(session, settings.report.alertmanager, extra_labels=pod_labels())
+        pushers["alertmanager"] = AlertmanagerReporter(
+            session, settings.report.alertmanager, extra_labels=pod_labels()
         )
-        tasks[f"alertmanager:{settings.url}"] = pushers[-1].run()
     return pushers
 
 
@@ -65,7 +63,6 @@ def readiness_gate(
     settings: WatchSettings,
     session: aiohttp.ClientSession,
     metrics: WatchdogMetrics,
-    tasks: dict[str, Task],
 ) -> ReadinessGate | None:
     """--readiness-gate: the pod's condition from the verdicts, PATCHed by a task of its own."""
     where = settings.report.readiness_gate
@@ -77,14 +74,12 @@ def readiness_gate(
     pod = pod_for(where, "--readiness-gate", "readiness-gate")
     target = settings.url
     metrics.start_readiness(target)
-    gate = ReadinessGate(
+    return ReadinessGate(
         session,
         pod,
         on_flip=lambda status: metrics.readiness_flips.labels(target, status).inc(),
         on_error=metrics.readiness_errors.labels(target).inc,
     )
-    tasks[f"readiness-gate:{target}"] = gate.run()
-    return gate
 
 
 def pod_labels() -> dict[str, str]:

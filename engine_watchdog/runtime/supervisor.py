@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine_watchdog.core.model import (
@@ -32,7 +32,7 @@ from engine_watchdog.guard.errors import MESSAGES, Ending
 from engine_watchdog.host.logs import bind
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.supervise import EngineExited
-from engine_watchdog.runtime.events import Channel, RequestsStuck
+from engine_watchdog.runtime.events import Channel, RequestsStuck, StuckHandled, StuckResult
 from engine_watchdog.runtime.hands import Actions, GuardControl, refusal
 from engine_watchdog.runtime.ledger import ActionListener, Ledger
 
@@ -42,8 +42,6 @@ ANSWER_WAIT_S = 0.5
 """How long the answer rung waits for the hold-back checks (the engine paused on purpose)."""
 EXIT_RETRY_S = 5.0
 """How often a rate-limited restart after an exit asks the rate limit again."""
-STUCK_REQUESTS = "stuck-requests"
-"""The cause of an incident made of several stuck requests (the engine serves the others)."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +51,8 @@ class GuardOrders:
     guard: GuardControl
     request_action: str = "abort"
     """abort or report (GuardSettings.request_action)."""
-    note: Callable[[dict[str, object]], None] = lambda rec: None
-    """Puts a record into the incident timeline (the watcher's)."""
+    handled: Channel[StuckHandled] = field(default_factory=lambda: Channel("stuck-handled"))
+    """Told what became of each stuck request (the records: the incident timeline, the trace)."""
 
 
 class Supervisor:
@@ -97,7 +95,7 @@ class Supervisor:
         self._target = target
         self.guard = orders.guard if orders else None
         self.request_action = orders.request_action if orders else "abort"
-        self.note = orders.note if orders else (lambda rec: None)
+        self.handled: Channel[StuckHandled] = orders.handled if orders else Channel("stuck-handled")
         self._answered = False
         self._restarting = asyncio.Lock()
         """One restart decision at a time, whoever asks (the ladder, an exit)."""
@@ -113,9 +111,8 @@ class Supervisor:
         if self._recovered():
             self._answered = False  # the incident's clients were answered; new ones pass
         self._gate()
-        if stalled and self.policy.actions and (self.incident is None or self.incident.done()):
-            self.incident = asyncio.create_task(self._incident(stalled[0]), name="incident")
-            self.incident.add_done_callback(_say_if_failed)
+        if stalled:
+            self._start_incident(stalled[0])
 
     def on_stuck(self, findings: list[StuckRequest]) -> None:
         """The request judge's findings: abort each (--request-action abort, not --dry-run),
@@ -125,14 +122,21 @@ class Supervisor:
             log.warning(
                 "request %s stuck: %s; %s", f.request_id, f.evidence, result.replace("-", " ")
             )
-            rec = {"kind": "request-stuck", "request_id": f.request_id, "result": result}
-            self.note(rec | {"silent_s": f.silent_s, "threshold_s": f.threshold_s})
-            if f.burst and self.policy.actions and (self.incident is None or self.incident.done()):
+            self.handled.publish(StuckHandled(f.request_id, result, f.silent_s, f.threshold_s))
+            if f.burst:
                 evidence = (f"several requests stuck while the engine served others: {f.evidence}",)
-                verdict = Verdict(f.t, "-", State.STALLED, STUCK_REQUESTS, evidence=evidence)
-                self.incident = asyncio.create_task(self._incident(verdict), name="incident")
+                self._start_incident(
+                    Verdict(f.t, "-", State.STALLED, Cause.STUCK_REQUESTS, evidence=evidence)
+                )
 
-    def _stuck(self, f: StuckRequest) -> str:
+    def _start_incident(self, verdict: Verdict) -> None:
+        """The one place an incident starts: one at a time, and a bug in it said at once."""
+        if not self.policy.actions or (self.incident is not None and not self.incident.done()):
+            return
+        self.incident = asyncio.create_task(self._incident(verdict), name="incident")
+        self.incident.add_done_callback(_say_if_failed)
+
+    def _stuck(self, f: StuckRequest) -> StuckResult:
         if self.guard is None:
             return "not aborted (no guard)"
         self.guard.count_stuck()
@@ -158,7 +162,7 @@ class Supervisor:
         bind(incident=incident_id(verdict))
         log.warning("incident: engine %s stalled (%s)", verdict.engine, verdict.cause)
         rungs = self.policy.actions
-        if verdict.cause == STUCK_REQUESTS:
+        if verdict.cause is Cause.STUCK_REQUESTS:
             # The engine serves the others: evidence for its maintainers, nothing that would
             # end the healthy streams with the stuck ones.
             if Action.CAPTURE in rungs:

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine_watchdog.core.model import (
     CanaryObs,
+    Cause,
     GpuInfo,
     GpuObs,
     GuardObs,
@@ -32,6 +33,7 @@ from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.engines import PROFILES
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.probes.metrics import RawScrape, parse_scrape
+from engine_watchdog.runtime.events import StuckHandled
 
 VERSION = 1
 log = logging.getLogger(__name__)
@@ -177,6 +179,17 @@ def encode(
     return encode_procs(obs)
 
 
+def encode_handled(t: float, event: StuckHandled) -> dict[str, Any]:
+    """What the supervisor had the guard do with a stuck request (replay skips its kind)."""
+    rec = {"v": VERSION, "t": t, "kind": "request-stuck", "request_id": event.request_id}
+    return {
+        **rec,
+        "result": event.result,
+        "silent_s": event.silent_s,
+        "threshold_s": event.threshold_s,
+    }
+
+
 def decode_settings(rec: dict[str, Any]) -> RecordedSettings:
     t = _time(rec["t"])
     return RecordedSettings(t, _str(rec.get("engine")) or "auto", _detector(rec["detector"]))
@@ -194,13 +207,13 @@ def decode(rec: dict[str, Any], profile: EngineProfile) -> Observation | None:
             status=None if status is None else int(status),
             body=_str(rec.get("body")),
             elapsed_s=_duration(rec.get("elapsed_s")),
-            error=_str(rec.get("error")),
+            error=_cause(rec.get("error")),
             detail=_str(rec.get("detail")),
         )
         return parse_scrape(raw, profile)
     if kind == "health":
         status = _num(rec.get("status"))
-        return HealthObs(t, None if status is None else int(status), _str(rec.get("error")))
+        return HealthObs(t, None if status is None else int(status), _cause(rec.get("error")))
     if kind == "canary":
         return CanaryObs(
             t,
@@ -254,6 +267,12 @@ def _str(value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ValueError(f"not a string: {value!r}")
     return value
+
+
+def _cause(value: Any) -> Cause | None:
+    """A failed request's code (net/errors.py); any other is a broken record (ValueError)."""
+    text = _str(value)
+    return None if text is None else Cause(text)
 
 
 def _bool(value: Any) -> bool:

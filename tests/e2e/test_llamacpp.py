@@ -159,7 +159,7 @@ async def capture(url: str, tmp_path: Path) -> tuple[int, str, float]:
 
 async def canary(url: str, timeout: float = 2.0) -> str:
     async with aiohttp.ClientSession() as session:
-        obs = await Canary(session, EngineConnection.of(url), LLAMACPP, timeout_s=timeout).send()
+        obs = await Canary(session, EngineConnection.of(url), timeout_s=timeout).send(LLAMACPP)
     return "answered" if obs.ok else f"failed ({obs.error})"
 
 

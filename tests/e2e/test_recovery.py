@@ -214,11 +214,11 @@ async def test_abort_rung_ends_the_canary_it_names(supervised: Supervised) -> No
     pids = sup.engine_core_pids()
     async with aiohttp.ClientSession() as session:
         conn = EngineConnection.of(sup.base_url)
-        canary = Canary(session, conn, VLLM, timeout_s=20.0)
+        canary = Canary(session, conn, timeout_s=20.0)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:
-            sent = asyncio.create_task(canary.send())
+            sent = asyncio.create_task(canary.send(VLLM))
             await wait_until(lambda: sorted(canary.pending) or None, 5.0)
             await asyncio.sleep(1.0)  # the request reaches vLLM's API server
             done = await abort_requests(session, conn, VLLM, sorted(canary.pending))

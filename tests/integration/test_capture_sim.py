@@ -13,7 +13,7 @@ import pytest
 
 from engine_watchdog.capture.bundle import BundleSettings, write_bundle
 from engine_watchdog.capture.pyspy import pyspy_step
-from engine_watchdog.core.model import State, Verdict
+from engine_watchdog.core.model import Cause, State, Verdict
 from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.host.tools import resolve_tools
 from engine_watchdog.probes.procs import sample_procs_async
@@ -42,7 +42,7 @@ async def capture_fired(
         obs = await sample_procs_async(sim.url)
         roles = {p.role for p in obs.procs}
         assert {"api-server", "engine-core"} <= roles
-        verdict = Verdict(t=obs.t, engine="0", state=State.STALLED, cause="host-deadlock")
+        verdict = Verdict(t=obs.t, engine="0", state=State.STALLED, cause=Cause.HOST_DEADLOCK)
         timeline = [{"t": obs.t, "kind": "procs", "procs": [p.pid for p in obs.procs]}]
         res = await write_bundle(
             BundleSettings(CaptureSettings(incident_dir=tmp_path)),

@@ -20,7 +20,7 @@ from engine_watchdog.core.detector import DetectorSettings
 from engine_watchdog.core.model import State
 from engine_watchdog.core.settings import ProbeSettings, WatchSettings
 from engine_watchdog.engines.detect import detect_profile
-from engine_watchdog.runtime.watcher import Watcher
+from engine_watchdog.runtime.watcher import Watcher, watcher_for
 from engine_watchdog.sim.launcher import SimProcess
 from engine_watchdog.sim.loadgen import StreamingLoad
 from engine_watchdog.sim.settings import DIALECTS
@@ -52,7 +52,7 @@ def make_watcher(sim: SimProcess, dialect: str, session: aiohttp.ClientSession) 
         probe=ProbeSettings(canary=False, gpu=False, procs=False),
         detector=DetectorSettings(stall_seconds=STALL_S, startup_grace_seconds=0),
     )
-    return Watcher(settings, session)
+    return watcher_for(settings, session)
 
 
 async def states_for(watcher: Watcher, seconds: float) -> set[State]:
@@ -99,7 +99,7 @@ async def run_dialect(dialect: str, sim_factory: SimFactory, http: SimHttp) -> O
             load.stop_new()
             await eventually(lambda: fired(http, sim), timeout=20, what=f"{dialect} freeze")
             await until_stalled(watcher, out)
-            out.watcher_engine = watcher.profile.name
+            out.watcher_engine = watcher.prober.profile.name
     finally:
         watcher.close()
     return out

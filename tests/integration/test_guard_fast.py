@@ -322,7 +322,7 @@ async def test_a_client_that_leaves_while_the_guard_connects_is_a_client_gone() 
     request = make_mocked_request("POST", "/v1/completions", protocol=protocol, transport=None)
     async with raw_engine([SSE_HEAD, chunks(b"data: 1\n\n"), LAST], "hold") as engine:
         stats = GuardStats()
-        relay = Relay(upstream(engine.url), stats, time.time, 5.0)
+        relay = Relay(upstream(engine.url), stats, time.time, 5.0, lambda: None)
         ex = Exchange("g0", "", time.time(), new_progress(stats.gaps))
         with pytest.raises(ConnectionResetError):
             await relay.pump(request, ex, CIMultiDict(), b"{}")

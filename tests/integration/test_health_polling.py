@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from engine_watchdog.core.settings import ProbeSettings, WatchSettings
-from engine_watchdog.runtime.watcher import Watcher
+from engine_watchdog.runtime.watcher import watcher_for
 from engine_watchdog.sim.launcher import free_port
 from tests.tools.cli import run_cli
 
@@ -70,7 +70,7 @@ async def three_rounds(url: str) -> float:
     probe = ProbeSettings(canary=False, gpu=False, procs=False, scrape_timeout_s=TIMEOUT_S)
     settings = WatchSettings(url=url, engine="auto", probe=probe)
     async with aiohttp.ClientSession() as session:
-        watcher = Watcher(settings, session)
+        watcher = watcher_for(settings, session)
         started = time.monotonic()
         try:
             for _ in range(3):

@@ -21,7 +21,7 @@ import pytest
 
 from engine_watchdog.capture.bundle import BundleSettings, write_bundle
 from engine_watchdog.capture.pyspy import pyspy_step
-from engine_watchdog.core.model import State, Verdict
+from engine_watchdog.core.model import Cause, State, Verdict
 from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.engines import TGI
 from engine_watchdog.host.tools import resolve_tools
@@ -99,7 +99,7 @@ async def test_tgi_shards_beside_the_router_are_found_and_dumped(
     assert tgi_layout.launcher.pid not in {p.pid for p in obs.procs}  # a supervisor, not ours
     assert by_role.get("api-server"), obs.procs  # the router, found by its port
 
-    verdict = Verdict(t=time.time(), engine="0", state=State.STALLED, cause="no-progress")
+    verdict = Verdict(t=time.time(), engine="0", state=State.STALLED, cause=Cause.NO_PROGRESS)
     res = await write_bundle(
         BundleSettings(CaptureSettings(incident_dir=tmp_path)),
         verdict,

@@ -146,7 +146,13 @@ async def test_the_leaders_capture_rung_bundles_every_node(
 async def test_bad_peer_input_is_one_line_and_exit_64(
     args: list[str], says: str, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LWS_", "ENGINE_WATCHDOG_"))}
+    # No group's or peer's variables; the test's own incident dir stays (the watch checks it).
+    kept = ("ENGINE_WATCHDOG_INCIDENT_DIR",)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in kept or not k.startswith(("LWS_", "ENGINE_WATCHDOG_"))
+    }
     if says != "--peer-secret-file":  # the other mistakes, with the secret there
         env["ENGINE_WATCHDOG_PEER_SECRET"] = SECRET
     ran = (

@@ -160,7 +160,7 @@ async def test_one_patch_per_change_and_the_transition_time_kept_within_a_status
 
     import aiohttp
 
-    from engine_watchdog.core.model import State, Verdict
+    from engine_watchdog.core.model import Cause, State, Verdict
     from engine_watchdog.net.k8s_api import PodRef
     from engine_watchdog.report.readiness import ReadinessGate
 
@@ -182,7 +182,8 @@ async def test_one_patch_per_change_and_the_transition_time_kept_within_a_status
                 (State.PROGRESSING, None, ()),
             ]
             for n, (state, cause, evidence) in enumerate(steps):
-                verdict = Verdict(float(n), "0", state, cause, evidence=evidence)
+                why = None if cause is None else Cause(cause)
+                verdict = Verdict(float(n), "0", state, why, evidence=evidence)
                 gate.report("t", [], {"0": verdict})
                 await eventually(lambda: gate.applied == gate.want, timeout=10, what="applied")
         finally:

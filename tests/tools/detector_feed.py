@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_watchdog.core.detector import Detector
-from engine_watchdog.core.model import EngineSample, Observation, ScrapeObs
+from engine_watchdog.core.model import EngineSample, Observation, Reason, ScrapeObs
 from engine_watchdog.core.settings import DetectorSettings
 
 T0 = 1_796_000_000.0
@@ -41,7 +41,7 @@ def scrape(t: float, *engines: Eng) -> ScrapeObs:
 
 def run(
     obs: Sequence[Observation], **settings: Any
-) -> tuple[Detector, list[tuple[float, str, str | None]]]:
+) -> tuple[Detector, list[tuple[float, str, Reason | None]]]:
     detector = Detector(DetectorSettings(**settings))
     seen = []
     for o in obs:
@@ -62,5 +62,5 @@ def decoding(e: Eng) -> None:
     e.running, e.tokens = 2, e.tokens + 10
 
 
-def first_stall(seen: list[tuple[float, str, str | None]]) -> tuple[float, str | None] | None:
+def first_stall(seen: list[tuple[float, str, Reason | None]]) -> tuple[float, str | None] | None:
     return next(((t, c) for t, s, c in seen if s == "stalled"), None)

@@ -55,11 +55,11 @@ from engine_watchdog.core.model import (
 from engine_watchdog.core.settings import ProbeSettings, WatchSettings
 from engine_watchdog.engines import VLLM
 from engine_watchdog.probes.metrics import RawScrape
-from engine_watchdog.runtime.recording import TraceWriter
+from engine_watchdog.runtime.recording import RoundRecords, TraceWriter
 from engine_watchdog.runtime.replay import replay, replay_document
 from engine_watchdog.runtime.runner import probe_loop
 from engine_watchdog.runtime.trace import encode, encode_scrape
-from engine_watchdog.runtime.watcher import Watcher, WireSource
+from engine_watchdog.runtime.watcher import Watcher, WireSource, watcher_for
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
 
@@ -156,7 +156,8 @@ class Session:
             probe=replace(self.scenario.probe, **probe),
             detector=self.scenario.detector,
         )
-        watcher = Watcher(settings, self.http, wire=wire, sinks=(self._writer.write, self._echo))
+        records = RoundRecords((self._writer.write, self._echo))
+        watcher = watcher_for(settings, self.http, records=records, wire=wire)
         self.watcher = watcher
         loop = probe_loop(watcher, [self])
         self._tasks.append(asyncio.create_task(loop, name="probe-loop"))

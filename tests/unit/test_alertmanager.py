@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine_watchdog.core.model import State, Transition, Verdict
+from engine_watchdog.core.model import Cause, State, Transition, Verdict
 from engine_watchdog.report.alertmanager import (
     Alert,
     AlertmanagerError,
@@ -117,7 +117,7 @@ def _verdict(state: State, t: float, cause: str | None = None, engine: str = "0"
         t=t,
         engine=engine,
         state=state,
-        cause=cause,
+        cause=None if cause is None else Cause(cause),
         since=t,
         seconds_without_progress=31.0 if state is State.STALLED else 0.0,
         evidence=("running=6 and no counter moved for 31 s",),

@@ -26,7 +26,7 @@ from engine_watchdog.capture.evidence import log_tail
 from engine_watchdog.capture.manifest import SCHEMA_VERSION
 from engine_watchdog.capture.retention import new_tmp_dir, prune, release
 from engine_watchdog.capture.step import CaptureContext, StepResult
-from engine_watchdog.core.model import ProcInfo, State, Verdict, incident_id
+from engine_watchdog.core.model import Cause, ProcInfo, State, Verdict, incident_id
 from engine_watchdog.core.redact import REDACTED, is_secret_name, redact_argv, redact_env
 from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.host.tools import write_private
@@ -35,7 +35,7 @@ T0 = 1796018400.0  # 2026-11-30T06:00:00Z
 CORE = ProcInfo(
     pid=4242, ppid=1, role="engine-core", title="VLLM::EngineCore", state="stopped", cpu_s=1.5
 )
-VERDICT = Verdict(t=T0, engine="0", state=State.STALLED, cause="stopped", since=T0 - 10)
+VERDICT = Verdict(t=T0, engine="0", state=State.STALLED, cause=Cause.STOPPED, since=T0 - 10)
 
 
 def settings(tmp_path: Path, **kw: object) -> BundleSettings:

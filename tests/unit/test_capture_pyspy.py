@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from engine_watchdog.capture.faulthandler import faulthandler_step, signal_caught
 from engine_watchdog.capture.pyspy import (
     FIX_MISSING,
     PySpyOptions,
@@ -216,39 +215,6 @@ def test_render_text_matches_pyspy_layout() -> None:
     assert text.startswith("Process 1: VLLM::EngineCore\n")
     assert 'Thread 12949 (idle): "stuck-worker"' in text
     assert "    PyThread_acquire_lock_timed (libpython3.11.so.1.0)" in text
-
-
-@pytest.mark.parametrize(
-    ("mask", "signum", "caught"),
-    [
-        ("0000000000004002", signal.SIGINT, True),  # vLLM: SIGINT (2) and SIGTERM (15)
-        ("0000000000004002", signal.SIGTERM, True),
-        ("0000000000004002", signal.SIGUSR1, False),
-        ("0000000000004202", signal.SIGUSR1, True),  # bit 9 = signal 10
-        ("0000000000000000", signal.SIGQUIT, False),
-        ("zz", signal.SIGUSR1, False),
-    ],
-)
-def test_signal_caught(mask: str, signum: int, caught: bool) -> None:
-    assert signal_caught(mask, signum) is caught
-
-
-def status_file(root: Path, pid: int, sigcgt: str) -> None:
-    (root / str(pid)).mkdir(parents=True)
-    (root / str(pid) / "status").write_text(f"Name:\tx\nSigCgt:\t{sigcgt}\n")
-
-
-async def test_faulthandler_signals_only_processes_that_catch_it(tmp_path: Path) -> None:
-    status_file(tmp_path, 10, "0000000000004002")  # stock vLLM
-    status_file(tmp_path, 11, "0000000000004202")  # faulthandler.register(SIGUSR1)
-    status_file(tmp_path, 12, "0000000000004202")  # catches it but stopped: left alone
-    sent: list[tuple[int, int]] = []
-    step = faulthandler_step(signal.SIGUSR1, tmp_path, lambda pid, sig: sent.append((pid, sig)))
-    res = await step(ctx(tmp_path, None, proc(10), proc(11), proc(12, "stopped")))
-    assert res.status == "ok" and sent == [(11, signal.SIGUSR1)]
-    res = await step(ctx(tmp_path, None, proc(10)))
-    assert res.status == "not-available" and "SIGTERM and SIGINT" in res.detail
-    assert len(sent) == 1
 
 
 def test_fake_is_not_on_path() -> None:

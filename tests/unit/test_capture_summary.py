@@ -24,7 +24,7 @@ from engine_watchdog.capture.summary import (
     source_reader,
     stuck_lines,
 )
-from engine_watchdog.core.model import ProcInfo, State, Verdict
+from engine_watchdog.core.model import Cause, ProcInfo, State, Verdict
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "capture"
 CORE = ProcInfo(
@@ -226,7 +226,7 @@ def test_render_summary_has_verdict_threads_steps(tmp_path: Path) -> None:
         t=1796018400.0,
         engine="0",
         state=State.STALLED,
-        cause="gpu-spin",
+        cause=Cause.GPU_SPIN,
         since=1796018390.0,
         seconds_without_progress=12.0,
         last_progress_t=1796018388.0,

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from engine_watchdog.core.detector import TARGET
-from engine_watchdog.core.model import State, Verdict
+from engine_watchdog.core.model import Cause, State, Verdict
 from engine_watchdog.runtime.check import EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, decide
 
 NEEDS_NO_TORCH = pytest.mark.skipif(
@@ -20,7 +20,8 @@ NEEDS_NO_TORCH = pytest.mark.skipif(
 def v(
     state: State, engine: str = "0", cause: str | None = None, progress: float | None = None
 ) -> Verdict:
-    return Verdict(1.0, engine, state, cause, last_progress_t=progress)
+    why = None if cause is None else Cause(cause)
+    return Verdict(1.0, engine, state, why, last_progress_t=progress)
 
 
 def test_any_stalled_rank_decides_stalled() -> None:

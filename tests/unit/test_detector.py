@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine_watchdog.core.detector import Detector
-from engine_watchdog.core.model import EngineSample, HealthObs, Observation, ScrapeObs, State
+from engine_watchdog.core.model import Cause, EngineSample, HealthObs, Observation, ScrapeObs, State
 from tests.tools.detector_feed import T0, Eng, decoding, first_stall, run, scrape, timeline
 
 
@@ -68,7 +68,7 @@ def test_counter_reset_is_a_restart_not_a_stall() -> None:
 def test_scrape_failures_are_unreachable_never_stalled() -> None:
     e = Eng(running=2)
     obs: list[Observation] = [scrape(0, e)]
-    obs += [ScrapeObs(T0 + t, error="connection-refused") for t in range(1, 100)]
+    obs += [ScrapeObs(T0 + t, error=Cause.REFUSED) for t in range(1, 100)]
     _, seen = run(obs)
     assert first_stall(seen) is None
     assert seen[-1] == (1.0, "unreachable", "connection-refused")
@@ -77,7 +77,7 @@ def test_scrape_failures_are_unreachable_never_stalled() -> None:
 def test_gap_in_scrapes_restarts_the_clock() -> None:
     e = Eng(running=1)
     obs: list[Observation] = [scrape(t, e) for t in range(20)]
-    obs += [ScrapeObs(T0 + t, error="timeout") for t in range(20, 25)]
+    obs += [ScrapeObs(T0 + t, error=Cause.TIMEOUT) for t in range(20, 25)]
     obs += [scrape(t, e) for t in range(25, 50)]
     _, seen = run(obs, stall_seconds=30)
     assert first_stall(seen) is None  # 20 s before the gap + 24 s after: never 30 s seen whole
@@ -112,7 +112,10 @@ def test_metrics_and_health_timing_out_is_api_unresponsive() -> None:
     e = Eng(running=2)
     obs: list[Observation] = [scrape(0, e)]
     for t in range(1, 40):
-        obs += [ScrapeObs(T0 + t, error="timeout"), HealthObs(T0 + t + 0.1, None, "timeout")]
+        obs += [
+            ScrapeObs(T0 + t, error=Cause.TIMEOUT),
+            HealthObs(T0 + t + 0.1, None, Cause.TIMEOUT),
+        ]
     _, seen = run(obs, stall_seconds=30)
     assert first_stall(seen) == (32.0, "api-unresponsive")
 
@@ -155,7 +158,7 @@ def test_metrics_from_the_engine_loop_timing_out_is_a_stall() -> None:
     200 means the loop hangs. Other engines: unreachable, never stalled."""
     obs: list[Observation] = [scrape(0, Eng(running=1))]
     for t in range(1, 40):
-        obs += [ScrapeObs(T0 + t, error="timeout"), HealthObs(T0 + t + 0.1, 200)]
+        obs += [ScrapeObs(T0 + t, error=Cause.TIMEOUT), HealthObs(T0 + t + 0.1, 200)]
     _, seen = run(obs, stall_seconds=30, metrics_from_engine_loop=True)
     assert first_stall(seen) == (30.0, "no-progress")  # the loop last answered at t=0
     _, seen = run(obs, stall_seconds=30)
@@ -167,6 +170,6 @@ def test_an_engine_loop_scrape_timeout_counts_the_time_it_waited() -> None:
     verdict need not wait for the next scrape to begin after the window."""
     obs: list[Observation] = [ScrapeObs(T0, (Eng(running=1).sample(),), status=200, elapsed_s=0.5)]
     for t in (1, 11, 21, 31):
-        obs += [ScrapeObs(T0 + t, error="timeout", elapsed_s=10.0), HealthObs(T0 + t + 10, 200)]
+        obs += [ScrapeObs(T0 + t, error=Cause.TIMEOUT, elapsed_s=10.0), HealthObs(T0 + t + 10, 200)]
     _, seen = run(obs, stall_seconds=25, metrics_from_engine_loop=True)
     assert first_stall(seen) == (21.0, "no-progress")  # silent from 0.5 until 31 >= 25

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from engine_watchdog.core.detector import Detector, DetectorSettings
 from engine_watchdog.core.model import (
+    Cause,
     HealthObs,
     Observation,
     ProcInfo,
     ProcsObs,
+    Reason,
     RestartObs,
     ScrapeObs,
 )
@@ -20,12 +22,12 @@ CORE = ProcInfo(pid=11, ppid=10, role="engine-core", title="VLLM::EngineCore", s
 
 
 def refused(t: float) -> ScrapeObs:
-    return ScrapeObs(T0 + t, error="connection-refused")
+    return ScrapeObs(T0 + t, error=Cause.REFUSED)
 
 
 def feed(
     obs: list[Observation], restart_grace_seconds: float = 300.0
-) -> list[tuple[float, str, str | None]]:
+) -> list[tuple[float, str, Reason | None]]:
     settings = DetectorSettings(
         stall_seconds=10, startup_grace_seconds=5, restart_grace_seconds=restart_grace_seconds
     )

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from engine_watchdog.core.detector import Detector, DetectorSettings
 from engine_watchdog.core.model import (
     CanaryObs,
+    Cause,
     GpuInfo,
     GpuObs,
     GuardObs,
@@ -87,7 +88,7 @@ def test_gpu_computing_is_life_during_a_long_prefill() -> None:
 
 def test_failed_canary_makes_the_stall_fast() -> None:
     # Sent at t=10 (5 s flat), timed out 8 s later.
-    extra = {18: [CanaryObs(T0 + 18.2, ok=False, error="timeout", sent_t=T0 + 10.2)]}
+    extra = {18: [CanaryObs(T0 + 18.2, ok=False, error=Cause.TIMEOUT, sent_t=T0 + 10.2)]}
     _, seen = run(frozen_engine(60, extra))
     assert first_stall(seen) == (18.2, "no-progress")
 
@@ -105,7 +106,7 @@ def test_the_last_steps_cpu_does_not_hide_a_failed_canary() -> None:
         return ProcsObs(T0 + t, (core, ProcInfo(102, 1, "worker", "VLLM::Worker", "sleeping", cpu)))
 
     extra = every_second(40, worker)
-    extra[18].append(CanaryObs(T0 + 18.6, ok=False, error="timeout", sent_t=T0 + 10.2))
+    extra[18].append(CanaryObs(T0 + 18.6, ok=False, error=Cause.TIMEOUT, sent_t=T0 + 10.2))
     _, seen = run(frozen_engine(40, extra))
     assert first_stall(seen) == (18.6, "no-progress")
 
@@ -176,7 +177,7 @@ def test_an_engine_of_workers_alone_is_dead_only_when_its_workers_are() -> None:
 
 def test_wedged_idle_engine_fails_its_idle_canary() -> None:
     obs: list[Observation] = [scrape(t, Eng()) for t in range(70)]
-    obs.insert(65, CanaryObs(T0 + 64.5, ok=False, error="timeout", sent_t=T0 + 56.5))
+    obs.insert(65, CanaryObs(T0 + 64.5, ok=False, error=Cause.TIMEOUT, sent_t=T0 + 56.5))
     d, seen = run(obs)
     assert first_stall(seen) == (64.5, "wedged-idle")
     assert d.verdicts["0"].state is State.STALLED  # stays stalled on later idle scrapes
@@ -241,7 +242,7 @@ def test_an_engine_that_is_its_own_api_server_stopped_is_stalled_not_unreachable
             e.tokens += 5
             obs.append(scrape(t, e))
         else:
-            obs.append(ScrapeObs(T0 + t, error="timeout"))
+            obs.append(ScrapeObs(T0 + t, error=Cause.TIMEOUT))
         obs.append(procs(t + 0.5, "stopped" if t >= 5 else "running"))
     _, seen = run(obs, stall_seconds=30, fast_stall_seconds=10)
     stall = first_stall(seen)
@@ -252,12 +253,12 @@ def test_an_engine_that_is_its_own_api_server_stopped_is_stalled_not_unreachable
 def test_a_check_of_a_server_stopped_before_it_began_says_stopped() -> None:
     """No good scrape ever (``check`` of an already stopped server): stalled, cause stopped,
     once the fast-stall window has passed; unreachable processes say nothing of the kind."""
-    stopped: list[Observation] = [ScrapeObs(T0 + t, error="timeout") for t in range(15)]
+    stopped: list[Observation] = [ScrapeObs(T0 + t, error=Cause.TIMEOUT) for t in range(15)]
     stopped += [procs(t + 0.5, "stopped") for t in range(15)]
     _, seen = run(sorted(stopped, key=lambda o: o.t), fast_stall_seconds=10)
     stall = first_stall(seen)
     assert stall is not None and stall[1] == "stopped" and stall[0] >= 10.0, seen
-    running: list[Observation] = [ScrapeObs(T0 + t, error="timeout") for t in range(15)]
+    running: list[Observation] = [ScrapeObs(T0 + t, error=Cause.TIMEOUT) for t in range(15)]
     running += [procs(t + 0.5, "running") for t in range(15)]
     _, seen = run(sorted(running, key=lambda o: o.t), fast_stall_seconds=10)
     assert first_stall(seen) is None, seen
@@ -307,7 +308,7 @@ def test_a_request_waiting_on_an_idle_engine_brings_a_canary_at_once() -> None:
         d.feed(GuardObs(T0 + t + 0.3, 1, 0, awaiting=1, awaiting_since=T0 + 20))
     assert d.canary_due(T0 + 22) is None and d.canary_due(T0 + 24.6) == "unanswered"
     assert d.verdicts["0"].state is State.IDLE and not first_stall(seen)
-    d.feed(CanaryObs(T0 + 33, ok=False, error="timeout", sent_t=T0 + 24.6))
+    d.feed(CanaryObs(T0 + 33, ok=False, error=Cause.TIMEOUT, sent_t=T0 + 24.6))
     assert (d.verdicts["0"].state, d.verdicts["0"].cause) == (State.STALLED, "wedged-idle")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine_watchdog.core.detector import Detector
 from engine_watchdog.core.judging import FLAP_WINDOW_S
-from engine_watchdog.core.model import Observation, ScrapeObs, State
+from engine_watchdog.core.model import Observation, Reason, ScrapeObs, State
 from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.engines import VLLM
 from engine_watchdog.probes.metrics import RawScrape, parse_scrape
@@ -23,7 +23,7 @@ def parsed(t: float, name: str) -> ScrapeObs:
     return parse_scrape(RawScrape(T0 + t, status=200, body=body, elapsed_s=0.003), VLLM)
 
 
-def feed(obs: list[Observation]) -> tuple[Detector, list[tuple[float, str, str | None]]]:
+def feed(obs: list[Observation]) -> tuple[Detector, list[tuple[float, str, Reason | None]]]:
     detector = Detector(SETTINGS)
     seen = []
     for o in obs:

@@ -25,6 +25,7 @@ from engine_watchdog.core.detector import Detector, DetectorSettings
 from engine_watchdog.core.judging import FLAP_WINDOW_S
 from engine_watchdog.core.model import (
     CanaryObs,
+    Cause,
     EngineSample,
     GpuInfo,
     GpuObs,
@@ -143,7 +144,7 @@ def other_obs(
 ) -> HealthObs | CanaryObs | GpuObs | ProcsObs:
     kind = draw(st.sampled_from(["health", "procs", "canary", "gpu"]))
     if kind == "health":
-        return HealthObs(t, 200) if draw(st.booleans()) else HealthObs(t, None, "timeout")
+        return HealthObs(t, 200) if draw(st.booleans()) else HealthObs(t, None, Cause.TIMEOUT)
     if kind == "procs":
         return procs_obs(t, draw(st.sampled_from(["running", "sleeping", "stopped"])), cpu)
     if kind == "gpu":
@@ -170,7 +171,7 @@ def streams(draw: st.DrawFn, failed_canaries: bool = True, max_size: int = 150) 
             body = "\n".join(line for r in ranks for line in r.lines()) + "\n"
             items.append(RawScrape(t, status=200, body=body, elapsed_s=0.003))
         elif roll == 5:
-            error = draw(st.sampled_from(["timeout", "connection-refused"]))
+            error = draw(st.sampled_from([Cause.TIMEOUT, Cause.REFUSED]))
             items.append(RawScrape(t, error=error))
         else:
             items.append(draw(other_obs(t, round(cpu, 2), failed_canaries)))
@@ -221,7 +222,7 @@ def test_a_canary_sent_before_the_last_progress_does_not_make_wedged_idle() -> N
         body = "\n".join(rank.lines()) + "\n"
         stream.append(parse_scrape(RawScrape(T0 + i, 200, body, 0.003), VLLM))
         if i == 14:  # the idle canary sent at t=6 timed out at t=14
-            stream.append(CanaryObs(T0 + 14.5, ok=False, error="timeout", sent_t=T0 + 6.0))
+            stream.append(CanaryObs(T0 + 14.5, ok=False, error=Cause.TIMEOUT, sent_t=T0 + 6.0))
     stalls = [c.new for c in feed_all(stream) if c.new.state is State.STALLED]
     assert stalls == []
 
@@ -288,7 +289,7 @@ def test_a_failed_canary_gives_the_same_verdict_live_and_in_replay() -> None:
             rank.counters["generation_tokens"] += 10  # moving until t=5, flat afterwards
         stream.append(RawScrape(T0 + i, 200, "\n".join(rank.lines()) + "\n", 0.003))
         if i == 11:  # sent at t=3.5 while tokens still moved, timed out at t=11.5
-            stream.append(CanaryObs(T0 + 11.5, ok=False, error="timeout", sent_t=T0 + 3.5))
+            stream.append(CanaryObs(T0 + 11.5, ok=False, error=Cause.TIMEOUT, sent_t=T0 + 3.5))
     s = Stream(stream)
     assert verdicts_of(replay(s.lines(), VLLM, DEFAULTS)) == verdicts_of(feed_all(s.live()))
 

@@ -4,6 +4,7 @@ scripted guard observations in time order, as the watcher feeds them live and re
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from engine_watchdog.core.model import (
     EngineSample,
@@ -50,50 +51,50 @@ def obs(
 
 
 def test_a_stream_silent_while_the_others_move_is_stuck_once() -> None:
-    judge = RequestJudge(FLOOR)
-    assert judge.judge(obs(9.0, quiet("a", 0.0))) == []
-    found = judge.judge(obs(10.5, quiet("a", 0.0)))
+    judge = RequestJudge()
+    assert judge.judge(obs(9.0, quiet("a", 0.0)), FLOOR) == []
+    found = judge.judge(obs(10.5, quiet("a", 0.0)), FLOOR)
     assert [(f.request_id, f.silent_s, f.threshold_s) for f in found] == [("a", 10.5, FLOOR)]
     assert "other streams got events" in found[0].evidence
-    assert judge.judge(obs(11.5, quiet("a", 0.0))) == []  # named once
+    assert judge.judge(obs(11.5, quiet("a", 0.0)), FLOOR) == []  # named once
 
 
 def test_the_legitimately_quiet_are_never_stuck() -> None:
-    judge = RequestJudge(FLOOR)
+    judge = RequestJudge()
     cases = [
         quiet("queued", None),  # no first event yet: queued, or a long prefill
         quiet("slow-reader", 0.0, waiting=None),  # the guard waits on its client
         quiet("just-written", 0.0, waiting=25.0),  # its client held it until a second ago
     ]
     for t in (15.0, 30.0):
-        assert judge.judge(obs(t, *cases)) == []
+        assert judge.judge(obs(t, *cases), FLOOR) == []
 
 
 def test_when_every_stream_stopped_together_it_is_the_engine_s_matter() -> None:
-    judge = RequestJudge(FLOOR)
+    judge = RequestJudge()
     # The batch froze at 3.0; their last events microseconds apart.
     frozen = [quiet(f"s{i}", 3.0 + i * 1e-4) for i in range(4)]
     for t in (10.0, 15.0, 30.0):
-        assert judge.judge(obs(t, *frozen, newest=3.0004)) == []
+        assert judge.judge(obs(t, *frozen, newest=3.0004), FLOOR) == []
     # ... and the others that moved, but not lately (an engine that stopped since).
-    assert judge.judge(obs(40.0, quiet("a", 3.0), newest=30.0)) == []
+    assert judge.judge(obs(40.0, quiet("a", 3.0), newest=30.0), FLOOR) == []
 
 
 def test_after_an_engine_wide_pause_the_next_stream_relayed_is_not_stuck() -> None:
     """Every stream paused at 3.0 for 12 s (over the threshold); at 15.0 the first one is
     relayed, the next a few microseconds behind it in the same step. A look between the two
     named the second stuck. Still silent once the others moved half the threshold, it is."""
-    judge = RequestJudge(FLOOR)
+    judge = RequestJudge()
     for t in range(4, 15):  # the probe rounds of the pause: the whole wire silent
-        assert judge.judge(obs(float(t), quiet("b", 3.0), newest=3.0)) == []
-    assert judge.judge(obs(15.001, quiet("b", 3.0), newest=15.0)) == []
-    assert judge.judge(obs(18.0, quiet("b", 3.0))) == []
-    found = judge.judge(obs(19.5, quiet("b", 3.0)))
+        assert judge.judge(obs(float(t), quiet("b", 3.0), newest=3.0), FLOOR) == []
+    assert judge.judge(obs(15.001, quiet("b", 3.0), newest=15.0), FLOOR) == []
+    assert judge.judge(obs(18.0, quiet("b", 3.0)), FLOOR) == []
+    found = judge.judge(obs(19.5, quiet("b", 3.0)), FLOOR)
     assert [f.request_id for f in found] == ["b"]
 
 
 def test_a_preempted_stream_waits_for_its_recompute() -> None:
-    judge = RequestJudge(FLOOR)
+    judge = RequestJudge()
 
     def scrape(t: float, waiting: float, preemptions: float) -> ScrapeObs:
         sample = EngineSample("0", 3, waiting, 0.9, False, {"preemptions": preemptions})
@@ -101,9 +102,9 @@ def test_a_preempted_stream_waits_for_its_recompute() -> None:
 
     judge.on_scrape(scrape(0.0, 0, 0))
     judge.on_scrape(scrape(2.0, 2, 1))  # preempted just after its last event at 1.0
-    assert judge.judge(obs(20.0, quiet("a", 1.0))) == []
+    assert judge.judge(obs(20.0, quiet("a", 1.0)), FLOOR) == []
     judge.on_scrape(scrape(21.0, 0, 1))  # nothing waits any more: it should have run again
-    assert [f.request_id for f in judge.judge(obs(22.0, quiet("a", 1.0)))] == ["a"]
+    assert [f.request_id for f in judge.judge(obs(22.0, quiet("a", 1.0)), FLOOR)] == ["a"]
 
 
 def test_far_beyond_follows_the_engine_s_pace() -> None:
@@ -118,8 +119,12 @@ def test_far_beyond_follows_the_engine_s_pace() -> None:
 
 
 def test_several_stuck_requests_make_a_burst() -> None:
-    judge = RequestJudge(FLOOR)
-    found = [f for i in range(BURST_COUNT) for f in judge.judge(obs(20.0 + i, quiet(f"r{i}", 0.0)))]
+    judge = RequestJudge()
+    found = [
+        f
+        for i in range(BURST_COUNT)
+        for f in judge.judge(obs(20.0 + i, quiet(f"r{i}", 0.0)), FLOOR)
+    ]
     assert [f.burst for f in found] == [False] * (BURST_COUNT - 1) + [True]
 
 
@@ -164,7 +169,7 @@ SLOW_PACE = gaps(b0_1=96, b1_0=2)
 cores under load: new requests' prefills hold a step)."""
 
 
-def first_stall(seen: list[tuple[float, str, str | None]]) -> tuple[float, str | None]:
+def first_stall(seen: Sequence[tuple[float, str, str | None]]) -> tuple[float, str | None]:
     stalls = [(t, c) for t, s, c in seen if s == "stalled"]
     assert stalls, seen
     return stalls[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from engine_watchdog.core.model import Outcome, Result, State, Verdict
+from engine_watchdog.core.model import Cause, Outcome, Result, State, Verdict
 from engine_watchdog.core.settings import PolicySettings, RateLimit
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.runtime.supervisor import Supervisor
@@ -42,7 +42,7 @@ class ScriptedActions:
 
 
 def verdicts(state: State, cause: str | None = None) -> dict[str, Verdict]:
-    return {"0": Verdict(T, "0", state, cause)}
+    return {"0": Verdict(T, "0", state, None if cause is None else Cause(cause))}
 
 
 def supervisor(scripted: ScriptedActions, tmp: Path, **policy: object) -> Supervisor:
@@ -101,7 +101,7 @@ async def test_no_action_on_anything_but_stalled(tmp_path: Path) -> None:
     actions = ScriptedActions()
     sup = supervisor(actions, tmp_path)
     for state in (State.SUSPECT, State.UNREACHABLE, State.SLEEPING, State.STARTING):
-        sup.report("t", [], verdicts(state, "x"))
+        sup.report("t", [], verdicts(state, "no-progress"))
     await asyncio.sleep(0.05)
     assert sup.incident is None and actions.calls == []
 

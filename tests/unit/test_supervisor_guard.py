@@ -7,10 +7,13 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from engine_watchdog.core.model import Action, State, StuckRequest
+import pytest
+
+from engine_watchdog.core.model import Action, Cause, State, StuckRequest
 from engine_watchdog.core.settings import PolicySettings
 from engine_watchdog.recovery.history import ActionHistory
-from engine_watchdog.runtime.supervisor import STUCK_REQUESTS, GuardOrders, Supervisor
+from engine_watchdog.runtime.events import Channel, StuckHandled
+from engine_watchdog.runtime.supervisor import GuardOrders, Supervisor
 from tests.unit.test_supervisor import ScriptedActions, T, verdicts
 
 
@@ -39,13 +42,15 @@ def guarded(
     tmp: Path,
     *rungs: Action,
     request_action: str = "abort",
-    note: Callable[[dict[str, object]], None] = lambda rec: None,
+    handled: Callable[[StuckHandled], None] = lambda event: None,
     **policy: object,
 ) -> tuple[Supervisor, RecordingGuard]:
     settings = PolicySettings(actions=frozenset(rungs), **policy)  # type: ignore[arg-type]
     guard = RecordingGuard()
     history = ActionHistory(tmp / "a.jsonl")
-    orders = GuardOrders(guard, request_action, note)
+    channel: Channel[StuckHandled] = Channel("stuck-handled")
+    channel.subscribe(handled)
+    orders = GuardOrders(guard, request_action, channel)
     sup = Supervisor(settings, ScriptedActions(), history, clock=lambda: T, orders=orders)
     return sup, guard
 
@@ -109,12 +114,34 @@ async def test_stuck_requests_are_aborted_reported_or_left_by_policy(tmp_path: P
 
 
 async def test_a_burst_of_stuck_requests_is_an_incident_that_only_captures(tmp_path: Path) -> None:
-    notes: list[dict[str, object]] = []
-    sup, guard = guarded(tmp_path, Action.ANSWER, Action.CAPTURE, Action.RESTART, note=notes.append)
+    notes: list[StuckHandled] = []
+    sup, guard = guarded(
+        tmp_path, Action.ANSWER, Action.CAPTURE, Action.RESTART, handled=notes.append
+    )
     sup.on_stuck([stuck("a", burst=True)])
     assert sup.incident is not None
     await asyncio.wait_for(sup.incident, 5)
     assert sup.actions.calls == ["capture"]  # type: ignore[attr-defined]
     assert guard.ended == ["a"]  # the healthy streams are left alone
-    assert notes[0]["kind"] == "request-stuck" and notes[0]["result"] == "aborted"
-    assert STUCK_REQUESTS == "stuck-requests"
+    assert notes == [StuckHandled("a", "aborted", 21.0, 20.0)]
+    assert Cause.STUCK_REQUESTS.value == "stuck-requests"
+
+
+async def test_a_burst_incident_that_fails_says_so_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An incident started by stuck requests is watched like one started by a stalled round: a
+    bug in it is one error line when it happens, not a late "exception was never retrieved"."""
+
+    def broken(target: str, action: Action, phase: str, outcome: object) -> None:
+        if phase == "end":
+            raise RuntimeError("a listener's bug")
+
+    policy = PolicySettings(actions=frozenset({Action.ANSWER, Action.CAPTURE}))
+    history, orders = ActionHistory(tmp_path / "a.jsonl"), GuardOrders(RecordingGuard())
+    sup = Supervisor(policy, ScriptedActions(), history, [broken], clock=lambda: T, orders=orders)
+    sup.on_stuck([stuck("a", burst=True)])
+    assert sup.incident is not None
+    await asyncio.wait({sup.incident}, timeout=5)  # never retrieves its exception
+    await asyncio.sleep(0)  # its done callbacks run
+    assert "incident handling failed: RuntimeError" in caplog.text

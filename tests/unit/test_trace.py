@@ -12,6 +12,7 @@ import pytest
 
 from engine_watchdog.core.model import (
     CanaryObs,
+    Cause,
     GpuInfo,
     GpuObs,
     GuardObs,
@@ -38,9 +39,9 @@ BODY = (
 )
 OBSERVATIONS: dict[str, HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs | GuardObs] = {
     "health-200": HealthObs(T, 200),
-    "health-timeout": HealthObs(T, None, error="timeout"),
+    "health-timeout": HealthObs(T, None, error=Cause.TIMEOUT),
     "canary-ok": CanaryObs(T, ok=True, latency_s=0.25, sent_t=T - 0.25),
-    "canary-timeout": CanaryObs(T, ok=False, error="timeout", sent_t=T - 8.0),
+    "canary-timeout": CanaryObs(T, ok=False, error=Cause.TIMEOUT, sent_t=T - 8.0),
     "canary-500": CanaryObs(T, ok=False, error="http-500", sent_t=T - 0.1),
     "canary-unusable": CanaryObs(T, ok=False, error="unusable: http-404", sent_t=T - 0.1),
     "gpu": GpuObs(
@@ -74,8 +75,10 @@ OBSERVATIONS: dict[str, HealthObs | CanaryObs | GpuObs | ProcsObs | RestartObs |
 }
 SCRAPES = {
     "ok": RawScrape(T, status=200, body=BODY, elapsed_s=0.004),
-    "timeout": RawScrape(T, error="timeout", detail="http://x/metrics: timeout", elapsed_s=10.0),
-    "refused": RawScrape(T, error="connection-refused"),
+    "timeout": RawScrape(
+        T, error=Cause.TIMEOUT, detail="http://x/metrics: timeout", elapsed_s=10.0
+    ),
+    "refused": RawScrape(T, error=Cause.REFUSED),
     "http-500": RawScrape(T, status=500, body="oops", elapsed_s=0.01),
     "no-series": RawScrape(T, status=200, body="python_info 1.0\n", elapsed_s=0.01),
 }
