@@ -26,7 +26,7 @@ from benchmarks.peers import PEERS, timeline
 from engine_watchdog.core.detector import Detector, DetectorSettings
 from engine_watchdog.core.model import CanaryObs, Observation, State
 from engine_watchdog.engines import VLLM
-from engine_watchdog.runtime.trace import decode
+from engine_watchdog.runtime.trace.format import decode
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "traces"
 PROJECT_S = 900.0

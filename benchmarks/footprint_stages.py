@@ -64,7 +64,7 @@ def stages(reads: int) -> list[tuple[str, Callable[[dict[str, Any]], object]]]:
         return s["nvml"].nvmlInit()
 
     def probe_start(s: dict[str, Any]) -> object:
-        from engine_watchdog.probes.gpu import GpuProbe
+        from engine_watchdog.probes.nvml import GpuProbe
 
         s["probe"] = GpuProbe(s["nvml"])
         return s["probe"].start()

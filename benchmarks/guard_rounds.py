@@ -1,6 +1,6 @@
 """``engine-watchdog`` as installed, with each probe round's judging timed (benchmarks/scale.py):
-the guard's snapshot of its streams (runtime/probing.py ``Prober._guard``: guard/proxy.py
-``snapshot`` and its trace record) and the round's judging (runtime/judging.py ``Judge.judge``:
+the guard's snapshot of its streams (runtime/watch/probing.py ``Prober._guard``: guard/proxy.py
+``snapshot`` and its trace record) and the round's judging (runtime/watch/judge.py ``Judge.judge``:
 the detector fed, the per-request judge, core/requests.py, among it). Both run on the guard's
 event loop, so each round's time is also a pause of its data path there.
 
@@ -19,7 +19,8 @@ from typing import Any
 
 from engine_watchdog.cli.main import main
 from engine_watchdog.core.model import GuardObs
-from engine_watchdog.runtime import judging, probing
+from engine_watchdog.runtime.watch import judge as judging
+from engine_watchdog.runtime.watch import probing
 
 ENV = "ENGINE_WATCHDOG_BENCH_ROUNDS"
 _last: list[Any] = [0.0, 0, 0]

@@ -13,7 +13,7 @@ from functools import partial
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_watchdog.engines import VLLM
-from engine_watchdog.probes.metrics import RawScrape, parse_scrape
+from engine_watchdog.probes.scrape import RawScrape, parse_scrape
 
 
 def synthetic_exposition(target_bytes: int, engines: int = 2) -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from engine_watchdog.capture.cuda import make_cuda_coredump_step
 from engine_watchdog.capture.flight_recorder import make_flight_recorder_step
-from engine_watchdog.capture.gpu import make_gpu_step
+from engine_watchdog.capture.gpu_state import make_gpu_step
 from engine_watchdog.capture.native import native_step
 from engine_watchdog.capture.pyspy import pyspy_step
 from engine_watchdog.capture.step import CaptureStep
-from engine_watchdog.probes.gpu import GpuProbe
+from engine_watchdog.probes.nvml import GpuProbe
 
 DESTRUCTIVE_STEP_TIMEOUT_S = 90.0
 """A core dump of a large CUDA process took 4.5 s for 119 MB on an H200 (docs/gpu-verification.md);

@@ -23,7 +23,7 @@ from engine_watchdog.capture.engine_version import read_engine_version
 from engine_watchdog.capture.retention import cannot_write
 from engine_watchdog.capture.step import CaptureStep
 from engine_watchdog.capture.steps import capture_steps
-from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_NOPERM, CliError
+from engine_watchdog.cli.exits import EXIT_CANTCREAT, EXIT_NOPERM, CliError
 from engine_watchdog.cli.numbers import Number
 from engine_watchdog.cli.option_group import One, all_consumed
 from engine_watchdog.cli.options import CAPTURE, INCIDENT_DIR_OPT, JSON, PY_SPY_OPT
@@ -34,7 +34,7 @@ from engine_watchdog.core.settings import CaptureSettings
 from engine_watchdog.engines import PROFILES, VLLM, EngineProfile
 from engine_watchdog.host.tools import tools_with
 from engine_watchdog.net.connection import EngineConnection
-from engine_watchdog.probes.gpu import GpuProbe, load_nvml
+from engine_watchdog.probes.nvml import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import FIX_NOT_FOUND, discover, sample_procs, url_port
 
 PY_SPY = One(PY_SPY_OPT)

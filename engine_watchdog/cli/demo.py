@@ -41,7 +41,7 @@ from engine_watchdog.core.settings import (
 from engine_watchdog.net.http import error_text
 from engine_watchdog.report.console import transition_text
 from engine_watchdog.runtime.runner import run_watch
-from engine_watchdog.sim.gpu import GpuUnavailableError, load_torch
+from engine_watchdog.sim.cuda_load import GpuUnavailableError, load_torch
 from engine_watchdog.sim.launcher import free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
 

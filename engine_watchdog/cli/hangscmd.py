@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_NOINPUT, CliError
+from engine_watchdog.cli.exits import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_NOINPUT, CliError
 from engine_watchdog.hangs import (
     BundleNotFound,
     SignatureFileError,

@@ -21,7 +21,7 @@ import click
 
 from engine_watchdog import __version__
 from engine_watchdog.cli.commands import LazyGroup
-from engine_watchdog.cli.errors import EXIT_SOFTWARE, EXIT_USAGE, CliError
+from engine_watchdog.cli.exits import EXIT_SOFTWARE, EXIT_USAGE, CliError
 from engine_watchdog.cli.numbers import POSITIVE, env_source
 from engine_watchdog.cli.options import (
     CAPTURE,

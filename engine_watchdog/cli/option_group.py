@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import click
 
-from engine_watchdog.cli.errors import CliError
+from engine_watchdog.cli.exits import CliError
 from engine_watchdog.cli.numbers import SECONDS, env_source
 from engine_watchdog.core.settings import SettingsError
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from engine_watchdog.cli.errors import EXIT_UNAVAILABLE, CliError
+from engine_watchdog.cli.exits import EXIT_UNAVAILABLE, CliError
 from engine_watchdog.cli.option_group import F, env_name, named_by_source
 from engine_watchdog.core.checks import normalise_url
 from engine_watchdog.core.settings import SettingsError

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from engine_watchdog.cli.errors import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_NOINPUT, CliError
+from engine_watchdog.cli.exits import EXIT_CANTCREAT, EXIT_DATAERR, EXIT_NOINPUT, CliError
 from engine_watchdog.cli.numbers import POSITIVE
 from engine_watchdog.cli.options import DETECTOR, ENGINE, JSON, PROBE
 from engine_watchdog.core.checks import fold_thresholds, validate
@@ -41,9 +41,9 @@ def record(url: str, output: Path, duration: float, **kw: Any) -> None:
     """Record observations of an engine into a replayable trace."""
     from engine_watchdog.cli.options import watch_settings
     from engine_watchdog.runtime.assembly import ConsoleReporter
-    from engine_watchdog.runtime.recording import RoundRecords, TraceWriter
     from engine_watchdog.runtime.runner import probe_loop
-    from engine_watchdog.runtime.watcher import watcher_for
+    from engine_watchdog.runtime.trace.recording import RoundRecords, TraceWriter
+    from engine_watchdog.runtime.watch.watcher import watcher_for
 
     settings = validate(watch_settings(kw, url))
     rounds = max(1, round(duration / settings.probe.interval_s))
@@ -83,7 +83,7 @@ def replay(trace: Path, engine: str | None, **kw: Any) -> None:
     override them.
     """
     from engine_watchdog.report.console import transition_line
-    from engine_watchdog.runtime.replay import judge, replay_document
+    from engine_watchdog.runtime.trace.replay import judge, replay_document
 
     as_json = JSON.take(kw)
     given = DETECTOR.overrides(kw)

@@ -9,14 +9,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine_watchdog.core.judging import (
-    Counters,
-    RestartWindow,
-    Track,
-    busy_state,
-    flapping_note,
-    judge_canary,
-)
 from engine_watchdog.core.model import (
     CanaryObs,
     Cause,
@@ -33,6 +25,14 @@ from engine_watchdog.core.model import (
     StuckRequest,
     Transition,
     Verdict,
+)
+from engine_watchdog.core.progress import (
+    Counters,
+    RestartWindow,
+    Track,
+    busy_state,
+    flapping_note,
+    judge_canary,
 )
 from engine_watchdog.core.requests import RequestJudge
 from engine_watchdog.core.settings import DetectorSettings

@@ -40,7 +40,7 @@ SEVERITY: dict[State, int] = {s: i for i, s in enumerate(State)}
 
 class Cause(Word):
     """Why a verdict is what it is: a stall's cause, or what the failed probe got (unreachable
-    and starting verdicts; net/errors.py says which failure each is). With :class:`HttpStatus`
+    and starting verdicts; net/failures.py says which failure each is). With :class:`HttpStatus`
     the one closed vocabulary of causes, from the probe's answer to the metric label
     (:data:`Reason`)."""
 
@@ -67,7 +67,7 @@ class Cause(Word):
     STUCK_REQUESTS = "stuck-requests"
     """Several requests stuck while the engine served others (the request judge's burst): an
     incident of the supervisor's, never a detector's verdict."""
-    # What a failed request got (net/errors.py): the cause of an unreachable or starting verdict.
+    # What a failed request got (net/failures.py): the cause of an unreachable or starting verdict.
     TIMEOUT = "timeout"
     TOO_LARGE = "too-large"
     TLS = "tls"

@@ -14,7 +14,7 @@ import logging
 import time
 
 from engine_watchdog.core.serving import ANSWER_S
-from engine_watchdog.guard.errors import Ending
+from engine_watchdog.guard.answers import Ending
 from engine_watchdog.guard.proxy import Guard
 
 log = logging.getLogger(__name__)

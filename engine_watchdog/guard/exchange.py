@@ -8,7 +8,7 @@ from typing import Protocol
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from engine_watchdog.guard.errors import Ending
+from engine_watchdog.guard.answers import Ending
 from engine_watchdog.guard.scan import Progress
 
 HOP_BY_HOP = frozenset(

@@ -79,7 +79,7 @@ class Client:
         self.clock = clock
         self.high = transport.get_write_buffer_limits()[1]
         self.lanes = lanes
-        """The relay thread its stream may be handed to (guard/lanes.py); None: never."""
+        """The relay thread its stream may be handed to; None: never."""
 
 
 class EngineSide(asyncio.Protocol):
@@ -104,7 +104,7 @@ class EngineSide(asyncio.Protocol):
         self._client_full = False
         self._wake: asyncio.Future[None] | None = None
         self.lane: Lane | None = None
-        """Set while the stream's reads are the relay thread's (guard/lanes.py)."""
+        """Set while the stream's reads are the relay thread's."""
         self._adopting = True
         """Offer the stream to the thread after a read that ends between chunks."""
         self._between = False

@@ -18,12 +18,12 @@ What comes back (:meth:`Lanes.on_returned`, woken by the thread through an event
 stream, its counts, and either the read the thread did not serve (not whole chunks, the
 response's end: Python feeds it to the stream's parser, as if it had just come) or the part of
 a write the client did not take (Python writes it first). A stream that comes back waits twice
-as many reads before it goes again (at most guard/fast.py ``COOL_MAX``), so one that keeps
+as many reads before it goes again (at most ``fast.COOL_MAX``), so one that keeps
 coming back costs little.
 
 Counts wait in the thread until Python takes them: at every probe round and scrape
 (:meth:`Lanes.sync`), and when a stream comes back. A stream is always taken back
-(guard/fast.py ``EngineSide.close``) before its client is written to or its engine connection
+(``fast.EngineSide.close``) before its client is written to or its engine connection
 is closed.
 
 Across ``fork()``: the child gets copies of the thread's table, epoll and eventfds, but not the
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 
 class Stream(Protocol):
-    """A request's engine connection, as the relay sees it (guard/fast.py ``EngineSide``)."""
+    """A request's engine connection, as the relay sees it (``fast.EngineSide``)."""
 
     transport: asyncio.Transport | None
     lane: Lane | None
@@ -66,7 +66,7 @@ class Stream(Protocol):
 
 
 class Client(Protocol):
-    """Where a stream goes (guard/fast.py ``Client``)."""
+    """Where a stream goes (``fast.Client``)."""
 
     ex: Exchange
     transport: asyncio.Transport

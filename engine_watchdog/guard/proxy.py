@@ -31,8 +31,8 @@ from engine_watchdog.core.model import GuardObs, QuietStream
 from engine_watchdog.core.serving import GuardSettings
 from engine_watchdog.core.wire import GAP_BOUNDS
 from engine_watchdog.guard import scan
+from engine_watchdog.guard.answers import Ending, json_error, sse_error
 from engine_watchdog.guard.conns import Connections
-from engine_watchdog.guard.errors import Ending, json_error, sse_error
 from engine_watchdog.guard.exchange import QUIET_S, Exchange, forwarded
 from engine_watchdog.guard.fast import NotListening, OutOfDescriptors, UpstreamError
 from engine_watchdog.guard.held import SelfCheck
@@ -106,7 +106,7 @@ class Guard:
         up = self.upstream
         engine = f"{up.scheme}://{up.authority}{up.base_path}"  # (no credential: none is here)
         kind = "compiled" if scan.COMPILED else "Python"  # (guard/scan.py)
-        kind += ", relay thread" if self.lanes is not None else ""  # (guard/lanes.py)
+        kind += ", relay thread" if self.lanes is not None else ""
         log.info(
             "guard on http://%s:%d in front of %s (event loop: %s, per-event rules: %s)",
             host,

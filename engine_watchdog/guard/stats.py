@@ -19,8 +19,8 @@ from prometheus_client.registry import Collector
 
 from engine_watchdog.core.wire import GAP_BOUNDS
 from engine_watchdog.guard import scan, tokens
+from engine_watchdog.guard.answers import Ending
 from engine_watchdog.guard.conns import CLOSE_REASONS
-from engine_watchdog.guard.errors import Ending
 from engine_watchdog.report.metrics import PREFIX
 
 if TYPE_CHECKING:

@@ -36,11 +36,11 @@ KEYS = (
     b"partial_json",
     b"thinking",
 )
-"""The generated-content keys (guard/sse.c KEYS: the same, in the same order)."""
+"""The generated-content keys (the C's KEYS: the same, in the same order)."""
 TOKEN = re.compile(rb'"(?:' + b"|".join(KEYS) + rb')"[ \t\n\r\f\v]*:[ \t\n\r\f\v]*"[^"]')
 """A generated-content key with a non-empty string value."""
 COMMON = (b'"text":"', b'"content":"')
-"""vLLM's two keys, compact: looked for first (guard/sse.c ``common_token``)."""
+"""vLLM's two keys, compact: looked for first (the C's ``common_token``)."""
 SPACE = re.compile(rb"[ \t\n\r\f\v]+")
 TAIL = len(b'"" : "x') + max(map(len, KEYS)) - 1
 """The longest match (``"key" : "x``, whitespace runs cut to one byte), less one byte."""
@@ -180,7 +180,7 @@ class PyScan:
         return dispatched
 
     def _token(self, part: bytes) -> None:
-        for key in COMMON:  # (guard/sse.c common_token: a match inside the part is a match)
+        for key in COMMON:  # (as common_token in C: a match inside the part is a match)
             at = part.find(key)
             while at >= 0:
                 after = at + len(key)

@@ -4,7 +4,7 @@ Every read is bounded: a body is read to its end against a running byte cap, and
 passes the cap is an error (``too-large``), never a truncated answer. (aiohttp's
 ``resp.content.read(n)`` returns what happens to be buffered, not the body: a /metrics answer
 sent in small chunks was cut after its first chunk.) Nothing here raises for a bad answer:
-every request ends as an :class:`Answer`, which may carry an error code (net/errors.py) and
+every request ends as an :class:`Answer`, which may carry an error code (net/failures.py) and
 one line for humans. Nothing here judges an answer either.
 """
 
@@ -22,7 +22,7 @@ import aiohttp
 from engine_watchdog.core.model import Cause
 from engine_watchdog.core.redact import redact_url
 from engine_watchdog.net.access import OPEN, Access
-from engine_watchdog.net.errors import TOO_LARGE, BodyTooLarge, describe, error_code
+from engine_watchdog.net.failures import TOO_LARGE, BodyTooLarge, describe, error_code
 
 ERROR_TEXT_BYTES = 200
 """How much of an answer's body an error message quotes."""
@@ -44,7 +44,7 @@ class Answer:
     status: int | None
     body: bytes = b""
     error: Cause | None = None
-    """timeout, connection-refused, tls, too-large, disconnected, http-error (net/errors.py)."""
+    """timeout, connection-refused, tls, too-large, disconnected, http-error (net/failures.py)."""
     detail: str | None = None
     """One line: the URL, what happened, and for TLS and size the fix."""
     elapsed_s: float = 0.0

@@ -33,10 +33,10 @@ from engine_watchdog.core.settings import Secret
 from engine_watchdog.host.tools import write_private
 from engine_watchdog.net.http import fetch
 from engine_watchdog.peers.auth import bearer
+from engine_watchdog.peers.codec import MAX_ANSWER_BYTES, AnswerError, read_capture
 from engine_watchdog.peers.discovery import GroupView, Peer
 from engine_watchdog.peers.node import LocalNode, NodeCapture
 from engine_watchdog.peers.node_fr import NodeFlightRecorder
-from engine_watchdog.peers.wire import MAX_ANSWER_BYTES, AnswerError, read_capture
 
 STEP_NAME = "peers"
 TRANSFER_MARGIN_S = 2.0

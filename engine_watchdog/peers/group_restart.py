@@ -4,7 +4,7 @@ Part of the leader's restart rung in run mode and on bare metal with ``--peers``
 LeaderWorkerSet the group is recreated by LWS instead: docs/multi-node.md). Every node gets
 ``POST /v1/restart`` at the same moment (``asyncio.gather``), the leader's own node in-process,
 all under one deadline; each answers what it stopped and its node-clean report
-(peers/restart.py). A node that does not answer in time, or answers anything else, is named
+(peers/node_stop.py). A node that does not answer in time, or answers anything else, is named
 unverified: the group is never called clean on its behalf. Each node's report goes to
 ``nodes/<node>/node-clean.json`` in the incident's bundle, beside the fan-out's files.
 """
@@ -26,10 +26,10 @@ from engine_watchdog.core.settings import Secret
 from engine_watchdog.host.tools import write_private
 from engine_watchdog.net.http import fetch
 from engine_watchdog.peers.auth import bearer
+from engine_watchdog.peers.codec import MAX_ANSWER_BYTES, AnswerError
 from engine_watchdog.peers.discovery import GroupView, Peer
+from engine_watchdog.peers.endpoint import RestartHook
 from engine_watchdog.peers.fanout import node_dir_name
-from engine_watchdog.peers.server import RestartHook
-from engine_watchdog.peers.wire import MAX_ANSWER_BYTES, AnswerError
 from engine_watchdog.recovery.node_clean import REPORT_FILE
 
 

@@ -3,7 +3,7 @@
 Each rank process is dumped twice with py-spy (capture/pyspy.py's :func:`dump_process`:
 ``--native`` first under its own short bound, then plain, ``--nonblocking`` for a stopped
 process), a short interval apart, so a stack that does not move is told from one that does;
-NVML (capture/gpu.py's snapshot) gives each GPU's state and which rank holds it where a GPU is
+NVML (capture/gpu_state.py's snapshot) gives each GPU's state and which rank holds it where a GPU is
 present. The rank number comes from the process's ``RANK`` variable (torchrun, Ray's vLLM
 workers) where it can be read, else from a vLLM worker's title where that alone names it, else -1.
 After the samples, PyTorch's NCCL flight recorder is dumped where the ranks enable it
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_watchdog.capture.flight_recorder import make_flight_recorder_step
-from engine_watchdog.capture.gpu import snapshot
+from engine_watchdog.capture.gpu_state import snapshot
 from engine_watchdog.capture.procfs import read_environ
 from engine_watchdog.capture.pyspy import (
     DumpOutcome,
@@ -35,7 +35,7 @@ from engine_watchdog.capture.pyspy import (
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.core.ranks import NodeReport, RankSample, RankState
 from engine_watchdog.peers.node_fr import NodeFlightRecorder, dump_flight_recorder
-from engine_watchdog.probes.gpu import GpuProbe
+from engine_watchdog.probes.nvml import GpuProbe
 
 RANK_ROLES = ("engine-core", "worker")
 """Roles that run a model shard; where none is found, every process found is taken (--pid)."""
@@ -57,7 +57,7 @@ class NodeCapture:
     stacks: dict[str, str] = field(default_factory=dict)
     """File name (``rank-<rank>-pid-<pid>.txt``) -> both py-spy samples as text."""
     nvml: dict[str, Any] | None = None
-    """capture/gpu.py's snapshot; None where the node has no NVML."""
+    """capture/gpu_state.py's snapshot; None where the node has no NVML."""
     notes: tuple[str, ...] = ()
     flight_recorder: NodeFlightRecorder | None = None
     """None where it was not run (the leader's own node: its bundle has the step itself)."""

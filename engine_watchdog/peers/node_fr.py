@@ -2,7 +2,7 @@
 
 capture/flight_recorder.py's step, run on the node's rank processes into a temporary directory
 after the py-spy samples (it wakes the engine: capture/step.py's ``WAKES_THE_ENGINE``) and within
-what is left of the capture budget. Its files travel in the node's answer (peers/wire.py, base64),
+what is left of the capture budget. Its files travel in the node's answer (peers/codec.py, base64),
 each up to :data:`MAX_FILE_BYTES`; a larger dump stays on the node, where the rank wrote it
 (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>``), and a note says so. The CUDA core dump is not run
 here: it kills the rank, so it belongs to the restart's destructive capture only.
@@ -22,7 +22,7 @@ from engine_watchdog.core.model import ProcInfo
 MAX_FILE_BYTES = 4 * 1024 * 1024
 """A dump of PyTorch's default 2000 entries is well under this."""
 MAX_TOTAL_BYTES = 16 * 1024 * 1024
-"""All of a node's dumps together: base64 keeps the answer within peers/wire.py's bound."""
+"""All of a node's dumps together: base64 keeps the answer within peers/codec.py's bound."""
 MIN_BUDGET_S = 1.0
 """Less than this left after the samples: no trigger (the dump could not be waited for)."""
 

@@ -19,7 +19,7 @@ import aiohttp
 from engine_watchdog.core.model import CanaryObs, Cause, HttpStatus
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.connection import EngineConnection
-from engine_watchdog.net.errors import TLS, TOO_LARGE
+from engine_watchdog.net.failures import TLS, TOO_LARGE
 from engine_watchdog.net.http import Answer, fetch
 
 _ids = itertools.count(1)

@@ -2,7 +2,7 @@
 ``Actions`` protocol).
 
 Recovery never probes: what it needs to know of the engine comes through :class:`EngineHandle`,
-which the runtime implements from its typed events (runtime/engine.py; the process finder
+which the runtime implements from its typed events (runtime/act/handle.py; the process finder
 included).
 """
 

@@ -55,7 +55,7 @@ class ActionRecord:
 
 def taken(t: float, target: str, action: str, result: str, detail: str) -> ActionRecord:
     """The record of an action taken now, in the incident (and of the engine) its task's log
-    context names, if any (the supervisor binds both for its ladder: runtime/supervisor.py)."""
+    context names, if any (the supervisor binds both for its ladder: runtime/act/supervisor.py)."""
     where = context()
     engine, incident = where.get("engine") or "", where.get("incident") or ""
     return ActionRecord(t, target, action, result, detail, engine, incident)

@@ -24,7 +24,7 @@ from engine_watchdog.core.model import Action, Outcome
 from engine_watchdog.core.settings import CannotWriteError, SettingsError, WatchSettings
 from engine_watchdog.net.connection import EngineConnection, connection_for
 from engine_watchdog.peers.discovery import in_lws
-from engine_watchdog.probes.gpu import GpuProbe
+from engine_watchdog.probes.nvml import GpuProbe
 from engine_watchdog.probes.procs import url_port
 from engine_watchdog.recovery.actions import EngineActions, GroupStop
 from engine_watchdog.recovery.handoff import BundleHandOff
@@ -32,14 +32,14 @@ from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.orphans import end_orphan, pid_file
 from engine_watchdog.recovery.supervise import ChildEngine, EngineExited
 from engine_watchdog.report.metrics import WatchdogMetrics
-from engine_watchdog.runtime.engine import EngineView
+from engine_watchdog.runtime.act.handle import EngineView
+from engine_watchdog.runtime.act.supervisor import ActionListener, GuardOrders, Supervisor
 from engine_watchdog.runtime.events import Bus
 from engine_watchdog.runtime.pid_check import check_pids
-from engine_watchdog.runtime.recording import RoundRecords, TraceWriter
 from engine_watchdog.runtime.reporters import ConsoleReporter, MetricsReporter
 from engine_watchdog.runtime.services import Pusher, Task, pod_log, readiness_gate, service_pushers
-from engine_watchdog.runtime.supervisor import ActionListener, GuardOrders, Supervisor
-from engine_watchdog.runtime.watcher import Reporter, Watcher, watcher_for
+from engine_watchdog.runtime.trace.recording import RoundRecords, TraceWriter
+from engine_watchdog.runtime.watch.watcher import Reporter, Watcher, watcher_for
 
 if TYPE_CHECKING:  # imported where used: a plain watch holds none (docs/performance.md)
     from engine_watchdog.guard.proxy import Guard

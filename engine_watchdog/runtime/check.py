@@ -36,7 +36,7 @@ from engine_watchdog.net.connection import connection_for
 from engine_watchdog.report.console import verdict_dict
 from engine_watchdog.runtime.events import Bus
 from engine_watchdog.runtime.pid_check import check_pids
-from engine_watchdog.runtime.watcher import Watcher, watcher_for
+from engine_watchdog.runtime.watch.watcher import Watcher, watcher_for
 
 EXIT_OK, EXIT_STALLED, EXIT_UNREACHABLE, EXIT_UNDECIDED = 0, 1, 2, 3
 FLEET_CONCURRENCY_MAX = 1000

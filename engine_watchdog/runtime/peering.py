@@ -1,6 +1,6 @@
 """Multi-node, assembled: this node's peer endpoint, and on the leader the fan-out step.
 
-Every node of a group runs the peer endpoint (peers/server.py); the leader's capture rung also
+Every node of a group runs the peer endpoint (peers/endpoint.py); the leader's capture rung also
 runs the fan-out (peers/fanout.py) as one more capture step, so every node's evidence lands in
 the leader's one bundle. The supervisor alone decides when: the step runs only when it orders a
 capture. ``engine-watchdog peer`` (a worker node without an engine API to watch: vLLM's
@@ -28,12 +28,12 @@ from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.host.tools import tools_with
 from engine_watchdog.peers.auth import SECRET_VAR, load_secret
 from engine_watchdog.peers.discovery import GroupView, group_view
+from engine_watchdog.peers.endpoint import PeerServer, RestartHook, make_peer_app
 from engine_watchdog.peers.fanout import peers_step
 from engine_watchdog.peers.group_restart import outcome, stop_group, write_reports
 from engine_watchdog.peers.node import FindProcs, LocalNode
-from engine_watchdog.peers.restart import NodeRestart, shm_root_from
-from engine_watchdog.peers.server import PeerServer, RestartHook, make_peer_app
-from engine_watchdog.probes.gpu import GpuProbe, load_nvml
+from engine_watchdog.peers.node_stop import NodeRestart, shm_root_from
+from engine_watchdog.probes.nvml import GpuProbe, load_nvml
 from engine_watchdog.probes.procs import sample_procs_async, url_port
 from engine_watchdog.recovery.actions import GroupStop
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
@@ -52,7 +52,7 @@ class Peering:
     session: aiohttp.ClientSession
     deadline_s: float
     restart: RestartHook | None = None
-    """This node's stop and check (peers/restart.py); the leader runs its own in-process."""
+    """This node's stop and check (peers/node_stop.py); the leader runs its own in-process."""
     lws: bool = False
     """The group is LeaderWorkerSet's: LWS recreates every pod, no group stop is ordered."""
 

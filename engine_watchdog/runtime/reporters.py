@@ -19,7 +19,7 @@ from engine_watchdog.core.model import (
 from engine_watchdog.report.console import transition_json, transition_line
 from engine_watchdog.report.metrics import WatchdogMetrics
 from engine_watchdog.runtime.events import Channel
-from engine_watchdog.runtime.watcher import Watcher
+from engine_watchdog.runtime.watch.watcher import Watcher
 
 
 class ConsoleReporter:

@@ -23,12 +23,12 @@ from engine_watchdog.net.bounded import bounded, end_tasks
 from engine_watchdog.recovery.supervise import OUTPUT_DRAIN_S, STOP_GRACE_S
 from engine_watchdog.report.console import verdict_dict
 from engine_watchdog.report.metrics import WatchdogMetrics
+from engine_watchdog.runtime.act.supervisor import ActionListener
 from engine_watchdog.runtime.assembly import ConsoleReporter, Target, Task, assemble
+from engine_watchdog.runtime.endpoints import Server, make_app, start_server
 from engine_watchdog.runtime.loop import release_freed_memory
-from engine_watchdog.runtime.server import Server, make_app, start_server
 from engine_watchdog.runtime.stopping import MARGIN_S, Stopping
-from engine_watchdog.runtime.supervisor import ActionListener
-from engine_watchdog.runtime.watcher import Reporter, Watcher
+from engine_watchdog.runtime.watch.watcher import Reporter, Watcher
 
 __all__ = ["ConsoleReporter", "probe_loop", "run_guarded", "run_watch"]
 log = logging.getLogger(__name__)

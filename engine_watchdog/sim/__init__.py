@@ -18,6 +18,6 @@ def run_sim(settings: SimSettings) -> int:
     Blocking; returns the exit code (0 on a signal and on engine death, as vLLM; 1 if it
     could not start)."""
     # Imported here so the engine-core children, which import this package, skip aiohttp.
-    from engine_watchdog.sim.server import run_sim as _run
+    from engine_watchdog.sim.api import run_sim as _run
 
     return _run(settings)

@@ -13,9 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
+from engine_watchdog.sim.api_metrics import SimMetrics
 from engine_watchdog.sim.client import EngineDeadError, EngineGroup
 from engine_watchdog.sim.faults import API_FAULTS, ApiFault, FaultError, FaultSpec
-from engine_watchdog.sim.metrics import SimMetrics
 from engine_watchdog.sim.openai import bad_request, engine_dead
 from engine_watchdog.sim.settings import SimSettings
 

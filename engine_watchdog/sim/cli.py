@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from engine_watchdog.sim.gpu import GpuUnavailableError, load_torch
-from engine_watchdog.sim.server import run_sim
+from engine_watchdog.sim.api import run_sim
+from engine_watchdog.sim.cuda_load import GpuUnavailableError, load_torch
 from engine_watchdog.sim.settings import DIALECTS, FAULT_NAMES, SimSettings, SimSettingsError
 
 _D = SimSettings()  # defaults, shown in --help

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine_watchdog.sim import protocol as p
+from engine_watchdog.sim.api_metrics import SimMetrics
 from engine_watchdog.sim.loggers import LoggingStatLogger
-from engine_watchdog.sim.metrics import SimMetrics
 from engine_watchdog.sim.protocol import FinishedRequest, IterationStats
 from engine_watchdog.sim.settings import SimSettings
 

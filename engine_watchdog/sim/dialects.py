@@ -313,5 +313,5 @@ DIALECT_CLASSES: dict[str, type[Dialect]] = {
 
 
 def make_dialect(settings: SimSettings) -> Dialect:
-    """The dialect ``settings.dialect`` names (vLLM's own is sim/metrics.py, not here)."""
+    """The dialect ``settings.dialect`` names (vLLM's own is sim/api_metrics.py, not here)."""
     return DIALECT_CLASSES[settings.dialect](settings)

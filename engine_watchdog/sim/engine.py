@@ -23,8 +23,8 @@ from dataclasses import replace
 from typing import Any
 
 from engine_watchdog.sim import protocol as p
+from engine_watchdog.sim.cuda_load import GpuWork
 from engine_watchdog.sim.faults import API_FAULTS, EngineFaults, FaultSpec
-from engine_watchdog.sim.gpu import GpuWork
 from engine_watchdog.sim.scheduler import Scheduler
 from engine_watchdog.sim.settings import SimSettings
 

@@ -35,11 +35,11 @@ from typing import Any
 
 from engine_watchdog.capture.cuda import CoreDumpSettings, make_cuda_coredump_step
 from engine_watchdog.capture.flight_recorder import make_flight_recorder_step
-from engine_watchdog.capture.gpu import make_gpu_step
+from engine_watchdog.capture.gpu_state import make_gpu_step
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
 from engine_watchdog.core.gpu_class import classify_gpu
 from engine_watchdog.core.model import ProcInfo
-from engine_watchdog.probes.gpu import GpuProbe, load_nvml
+from engine_watchdog.probes.nvml import GpuProbe, load_nvml
 
 CORE_ENV = {  # CUDA's user-triggered core dump (cuda-gdb docs)
     "CUDA_ENABLE_USER_TRIGGERED_COREDUMP": "1",

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine_watchdog.probes.gpu import GpuProbe, load_nvml
+from engine_watchdog.probes.nvml import GpuProbe, load_nvml
 from tests.gpu.verify_gpu import (
     FLIGHT_RECORDER_ENV,
     LOG_FILE,

@@ -14,7 +14,7 @@ import aiohttp
 import psutil
 import pytest
 
-from engine_watchdog.probes.metrics import scrape
+from engine_watchdog.probes.scrape import scrape
 from tests.integration.conftest import StubFactory
 from tests.tools.cli import run_cli
 from tests.tools.stub_engine import Body, vllm_exposition

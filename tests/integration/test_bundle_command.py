@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from engine_watchdog.sim.server import VERSION
+from engine_watchdog.sim.api import VERSION
 from tests.integration.conftest import SimFactory, SimHttp
 from tests.tools.cli import run_cli
 from tests.tools.scenarios import frozen_under_load

@@ -20,7 +20,7 @@ from engine_watchdog.core.detector import DetectorSettings
 from engine_watchdog.core.model import State
 from engine_watchdog.core.settings import ProbeSettings, WatchSettings
 from engine_watchdog.engines.detect import detect_profile
-from engine_watchdog.runtime.watcher import Watcher, watcher_for
+from engine_watchdog.runtime.watch.watcher import Watcher, watcher_for
 from engine_watchdog.sim.launcher import SimProcess
 from engine_watchdog.sim.loadgen import StreamingLoad
 from engine_watchdog.sim.settings import DIALECTS

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine_watchdog.cli.errors import EXIT_NOPERM
+from engine_watchdog.cli.exits import EXIT_NOPERM
 from tests.tools.cli import run_cli_sync
 
 NOBODY = 65534

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from engine_watchdog.sim.server import VERSION
+from engine_watchdog.sim.api import VERSION
 from tests.integration.conftest import SimFactory
 from tests.tools.cli import run_cli
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from engine_watchdog.cli.errors import EXIT_USAGE
+from engine_watchdog.cli.exits import EXIT_USAGE
 from tests.tools.cli import run_cli_sync
 
 OPTIONS = [

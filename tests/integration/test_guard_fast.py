@@ -21,7 +21,7 @@ from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
 from engine_watchdog.core.serving import GuardSettings
-from engine_watchdog.guard.errors import sse_error
+from engine_watchdog.guard.answers import sse_error
 from engine_watchdog.guard.exchange import Exchange
 from engine_watchdog.guard.fast import EngineSide
 from engine_watchdog.guard.lanes import Lanes

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from engine_watchdog.core.serving import GuardSettings
 from engine_watchdog.guard import scan
-from engine_watchdog.guard.errors import sse_error
+from engine_watchdog.guard.answers import sse_error
 from engine_watchdog.guard.lanes import Lanes
 from engine_watchdog.guard.proxy import Guard
 from tests.tools.guard import served, slow_reader, upstream

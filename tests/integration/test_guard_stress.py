@@ -18,8 +18,8 @@ import pytest
 
 from engine_watchdog.core.serving import GuardSettings
 from engine_watchdog.guard import scan
+from engine_watchdog.guard.answers import DONE
 from engine_watchdog.guard.drain import drain
-from engine_watchdog.guard.errors import DONE
 from engine_watchdog.guard.proxy import Guard
 from engine_watchdog.sim.launcher import free_port
 from tests.tools import guard_stress

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from engine_watchdog.core.settings import ProbeSettings, WatchSettings
-from engine_watchdog.runtime.watcher import watcher_for
+from engine_watchdog.runtime.watch.watcher import watcher_for
 from engine_watchdog.sim.launcher import free_port
 from tests.tools.cli import run_cli
 

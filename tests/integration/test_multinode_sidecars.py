@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 import pytest
 
-from engine_watchdog.peers.restart import SHM_ROOT_VAR
+from engine_watchdog.peers.node_stop import SHM_ROOT_VAR
 from tests.integration.test_multinode_gloo import PYTHON, _missing, running
 from tests.tools.cli import CONSOLE_SCRIPT
 from tests.tools.gloo_group import ENGINE_UID, GlooGroup, namespaces_left

@@ -31,11 +31,11 @@ from engine_watchdog.core.serving import PeerSettings
 from engine_watchdog.core.settings import CaptureSettings, Secret
 from engine_watchdog.host.tools import resolve_tools
 from engine_watchdog.peers.auth import SECRET_VAR
+from engine_watchdog.peers.codec import AnswerError, read_capture
 from engine_watchdog.peers.discovery import GroupView, from_peers
+from engine_watchdog.peers.endpoint import PeerServer, make_peer_app
 from engine_watchdog.peers.fanout import peers_step
 from engine_watchdog.peers.node import LocalNode
-from engine_watchdog.peers.server import PeerServer, make_peer_app
-from engine_watchdog.peers.wire import AnswerError, read_capture
 from engine_watchdog.probes.procs import sample_procs
 from engine_watchdog.runtime.peering import start_peering
 from engine_watchdog.sim.launcher import free_port

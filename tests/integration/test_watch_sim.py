@@ -49,7 +49,7 @@ async def test_watch_reports_the_freeze_serves_its_endpoints_and_records_a_trace
         abs(replay.json()["first_stall_t"] - stalled["t"]) < 1e-6
     )  # the same verdict, bit for bit
     # The API server runs as `<this venv>/bin/python -m engine_watchdog.sim`: the trace keeps
-    # its title without the directories, which name this machine (runtime/recording.py).
+    # its title without the directories, which name this machine (runtime/trace/recording.py).
     titles = [
         p["title"]
         for line in trace.read_text().splitlines()

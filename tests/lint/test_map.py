@@ -17,7 +17,7 @@ FILE = re.compile(r"(?<![\w/.])(\w+/)+\w+\.py\b")
 
 
 def pointers(text: str) -> list[str]:
-    """What the map points at that does not exist: a package file (``runtime/engine.py``), a
+    """What the map points at that does not exist: a package file (``runtime/act/handle.py``), a
     test file, or a test function (``test_x.py::test_y``, or a ``test_...`` named after one)."""
     gone = []
     for match in FILE.finditer(text):
@@ -49,7 +49,7 @@ def test_the_map_names_every_layer_and_nothing_gone() -> None:
 
 def test_the_check_can_fail() -> None:
     gone = pointers(
-        "runtime/nowhere.py beside runtime/engine.py; "
+        "runtime/nowhere.py beside runtime/act/handle.py; "
         "`tests/unit/test_architecture.py::test_nothing_is_wired_by_attribute`, "
         "`test_no_such_check`"
     )

@@ -4,7 +4,7 @@ kept, a sibling checkout), nor holds an absolute path of the machines the projec
 (a checkout, a mirror, a fresh clone, pytest's temporary folders, a user's home or its pyenv).
 
 Recorded data is scrubbed where it is recorded: traces keep titles without directories
-(runtime/recording.py); the bundles, stacks and logs under tests/data name the checkout /src
+(runtime/trace/recording.py); the bundles, stacks and logs under tests/data name the checkout /src
 (the image's build folder, deploy/Dockerfile), the interpreter /usr/local (the python image's)
 and a third party's build folder /build. The product's own paths (/proc, /dev/shm, /var/run/...)
 are no machine's."""

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from engine_watchdog.core.serving import GuardSettings
-from engine_watchdog.guard.errors import DONE
+from engine_watchdog.guard.answers import DONE
 from engine_watchdog.guard.held import describe
 from engine_watchdog.guard.proxy import Guard
 from tests.tools.guard import upstream

@@ -9,8 +9,8 @@ scenario, from the simulator, from a real vLLM on the CPU, or (GPU cases) synthe
     python tests/tools/record_corpus.py gpu             # sim --gpu on a GPU (~5 min)
     python tests/tools/record_corpus.py --expect-only all  # rewrite the expectations
 
-Traces are written by the product itself: an ``engine_watchdog.runtime.watcher.Watcher`` probes the
-engine every second and a ``TraceWriter`` appends every observation, exactly what
+Traces are written by the product itself: a ``Watcher`` (runtime/watch/watcher.py) probes
+the engine every second and a ``TraceWriter`` appends every observation, exactly what
 ``engine-watchdog watch --record FILE`` does. The script adds one line of its own per fault, a
 kind the trace format does not define (``{"kind": "mark", ...}``), which readers ignore.
 The expectation file ``<name>.expect.json`` holds what the scenario must produce: it is part of
@@ -54,12 +54,12 @@ from engine_watchdog.core.model import (
 )
 from engine_watchdog.core.settings import ProbeSettings, WatchSettings
 from engine_watchdog.engines import VLLM
-from engine_watchdog.probes.metrics import RawScrape
-from engine_watchdog.runtime.recording import RoundRecords, TraceWriter
-from engine_watchdog.runtime.replay import replay, replay_document
+from engine_watchdog.probes.scrape import RawScrape
 from engine_watchdog.runtime.runner import probe_loop
-from engine_watchdog.runtime.trace import encode, encode_scrape
-from engine_watchdog.runtime.watcher import Watcher, WireSource, watcher_for
+from engine_watchdog.runtime.trace.format import encode, encode_scrape
+from engine_watchdog.runtime.trace.recording import RoundRecords, TraceWriter
+from engine_watchdog.runtime.trace.replay import replay, replay_document
+from engine_watchdog.runtime.watch.watcher import Watcher, WireSource, watcher_for
 from engine_watchdog.sim.launcher import SimProcess, free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
 

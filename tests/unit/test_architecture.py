@@ -33,7 +33,7 @@ ABOVE = ("runtime", "cli")
 """The runtime may import every layer, the face (cli) everything."""
 FORBIDDEN = {
     ("probes", "core.detector"): "probes never decide",
-    ("probes", "core.judging"): "probes never decide",
+    ("probes", "core.progress"): "probes never decide",
     ("probes", "core.signals"): "probes never decide",
     ("recovery", "probes"): "recovery never probes",
     ("capture", "core.detector"): "capture never decides",

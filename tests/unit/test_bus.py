@@ -13,10 +13,10 @@ from engine_watchdog.core.model import Cause, ProcInfo, ProcsObs, State
 from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.engines import LLAMACPP, VLLM
 from engine_watchdog.net.connection import connection_for
-from engine_watchdog.runtime.engine import PROCS_SEEN_SAMPLES, EngineView
+from engine_watchdog.runtime.act.handle import PROCS_SEEN_SAMPLES, EngineView
 from engine_watchdog.runtime.events import Bus, StuckHandled
-from engine_watchdog.runtime.recording import RoundRecords
-from engine_watchdog.runtime.watcher import Watcher, watcher_for
+from engine_watchdog.runtime.trace.recording import RoundRecords
+from engine_watchdog.runtime.watch.watcher import Watcher, watcher_for
 
 T = 1_796_000_000.0
 SETTINGS = WatchSettings(url="http://127.0.0.1:9")

@@ -22,7 +22,7 @@ from engine_watchdog.capture.doctor import (
     render_text,
     run_doctor,
 )
-from engine_watchdog.cli.errors import EXIT_USAGE
+from engine_watchdog.cli.exits import EXIT_USAGE
 from engine_watchdog.core.model import ProcInfo
 from tests.tools.cli import run_cli_sync
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from engine_watchdog.core.settings import DetectorSettings, ProbeSettings
 from engine_watchdog.core.wire import AWAITING_PROBE_S
-from engine_watchdog.runtime.supervisor import ANSWER_WAIT_S
+from engine_watchdog.runtime.act.supervisor import ANSWER_WAIT_S
 
 GUARD_MD = Path(__file__).resolve().parents[2] / "docs" / "guard.md"
 

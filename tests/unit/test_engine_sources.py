@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_watchdog.engines import LLAMACPP, SGLANG, TRTLLM
 from engine_watchdog.engines.detect import detect_profile
-from engine_watchdog.probes.metrics import RawScrape, parse_scrape
+from engine_watchdog.probes.scrape import RawScrape, parse_scrape
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 CASES = {

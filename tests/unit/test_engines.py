@@ -13,7 +13,7 @@ import pytest
 from engine_watchdog.core.model import EngineSample
 from engine_watchdog.engines import LLAMACPP, PROFILES, SGLANG, TGI, TRTLLM, VLLM, EngineProfile
 from engine_watchdog.engines.detect import detect_profile
-from engine_watchdog.probes.metrics import RawScrape, parse_scrape
+from engine_watchdog.probes.scrape import RawScrape, parse_scrape
 from engine_watchdog.sim.settings import DIALECTS
 
 SG = 'model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"'

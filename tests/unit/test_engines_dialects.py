@@ -14,10 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine_watchdog.core.model import EngineSample
 from engine_watchdog.engines import PROFILES
 from engine_watchdog.engines.detect import detect_profile
-from engine_watchdog.probes.metrics import RawScrape, parse_scrape
+from engine_watchdog.probes.scrape import RawScrape, parse_scrape
+from engine_watchdog.sim.api_metrics import SimMetrics
 from engine_watchdog.sim.dialect_base import Dialect
 from engine_watchdog.sim.dialects import DIALECT_CLASSES
-from engine_watchdog.sim.metrics import SimMetrics
 from engine_watchdog.sim.protocol import FinishedRequest, IterationStats, SchedulerStats
 from engine_watchdog.sim.settings import SimSettings, SimSettingsError
 

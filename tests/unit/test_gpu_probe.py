@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from engine_watchdog.capture.gpu import decode_clock_reasons, make_gpu_step, render_text
+from engine_watchdog.capture.gpu_state import decode_clock_reasons, make_gpu_step, render_text
 from engine_watchdog.capture.step import CaptureContext
 from engine_watchdog.core.gpu_class import classify_gpu
 from engine_watchdog.core.model import GpuInfo, ProcInfo
-from engine_watchdog.probes.gpu import GpuProbe
+from engine_watchdog.probes.nvml import GpuProbe
 from engine_watchdog.probes.pidns import map_pids
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from engine_watchdog.core.model import ProcInfo, Result
 from engine_watchdog.peers.discovery import Peer
 from engine_watchdog.peers.group_restart import NodeStop, outcome, write_reports
-from engine_watchdog.peers.restart import NodeRestart, shm_root_from
+from engine_watchdog.peers.node_stop import NodeRestart, shm_root_from
 from tests.tools.fake_nvml import FakeNvml
 from tests.unit.test_node_clean import UID, FakeProcs, proc, table
 

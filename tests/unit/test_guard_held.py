@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from engine_watchdog.guard.held import pending
-from engine_watchdog.runtime.notices import Notices
+from engine_watchdog.runtime.watch.notices import Notices
 
 
 def test_pending_bytes_of_a_closed_or_missing_socket_are_unknown_not_an_error() -> None:

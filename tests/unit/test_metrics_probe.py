@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine_watchdog.core.exposition import filter_body, parse_samples
 from engine_watchdog.engines import VLLM
-from engine_watchdog.probes.metrics import RawScrape, parse_scrape
+from engine_watchdog.probes.scrape import RawScrape, parse_scrape
 
 DATA = Path(__file__).parent.parent / "data"
 

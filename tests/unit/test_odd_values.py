@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine_watchdog.core.detector import Detector
-from engine_watchdog.core.judging import FLAP_WINDOW_S
 from engine_watchdog.core.model import Observation, Reason, ScrapeObs, State
+from engine_watchdog.core.progress import FLAP_WINDOW_S
 from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.engines import VLLM
-from engine_watchdog.probes.metrics import RawScrape, parse_scrape
+from engine_watchdog.probes.scrape import RawScrape, parse_scrape
 from tests.tools.detector_feed import T0, Eng, first_stall, run, scrape
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "bad_input"

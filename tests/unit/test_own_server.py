@@ -1,4 +1,4 @@
-"""The watchdog's own endpoints (runtime/server.py), over a real socket: what a Prometheus
+"""The watchdog's own endpoints (runtime/endpoints.py), over a real socket: what a Prometheus
 scraper and a kubelet ask, and what a client that misbehaves gets (a bounded answer, never a
 hang or a crash of the server)."""
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from engine_watchdog.runtime.server import HEAD_LIMIT, Server, make_app, start_server
+from engine_watchdog.runtime.endpoints import HEAD_LIMIT, Server, make_app, start_server
 
 
 @pytest.fixture

@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine_watchdog.core.detector import Detector, DetectorSettings
-from engine_watchdog.core.judging import FLAP_WINDOW_S
 from engine_watchdog.core.model import (
     CanaryObs,
     Cause,
@@ -37,10 +36,11 @@ from engine_watchdog.core.model import (
     State,
     Transition,
 )
+from engine_watchdog.core.progress import FLAP_WINDOW_S
 from engine_watchdog.engines import VLLM
-from engine_watchdog.probes.metrics import RawScrape, parse_scrape
-from engine_watchdog.runtime.replay import replay, replay_document
-from engine_watchdog.runtime.trace import encode, encode_scrape
+from engine_watchdog.probes.scrape import RawScrape, parse_scrape
+from engine_watchdog.runtime.trace.format import encode, encode_scrape
+from engine_watchdog.runtime.trace.replay import replay, replay_document
 
 T0 = 1_796_000_000.0
 DEFAULTS = DetectorSettings()
@@ -331,7 +331,7 @@ def test_junk_lines_are_skipped_with_a_warning(stream: Stream, junk: list[tuple[
     for position, line in sorted(junk, reverse=True):
         dirty.insert(min(position, len(dirty)), line)
     handler = _Collect()
-    logger = logging.getLogger("engine_watchdog.runtime.trace")
+    logger = logging.getLogger("engine_watchdog.runtime.trace.format")
     logger.addHandler(handler)
     try:
         got = replay(dirty, VLLM, DEFAULTS)

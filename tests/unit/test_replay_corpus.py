@@ -17,8 +17,8 @@ import pytest
 from engine_watchdog.core.detector import Detector, DetectorSettings
 from engine_watchdog.core.model import STALL_CAUSES, CanaryObs, State, Transition, Verdict
 from engine_watchdog.engines import VLLM
-from engine_watchdog.runtime.replay import judge, replay
-from engine_watchdog.runtime.trace import decode
+from engine_watchdog.runtime.trace.format import decode
+from engine_watchdog.runtime.trace.replay import judge, replay
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 CAUSES = set(STALL_CAUSES)
@@ -26,20 +26,6 @@ CAUSES = set(STALL_CAUSES)
 MAX_TRACE_BYTES = 300 * 1024
 MAX_CORPUS_BYTES = 5 * 1024 * 1024
 
-ORDER = (
-    "BUG engine_watchdog/watcher.py: trace records are written in completion order, not time "
-    "order (test_every_recorded_trace_is_in_time_order), and replay drops every record older "
-    "than the one before it (detector.py feed()): "
-)
-MASK = (
-    "BUG engine_watchdog/signals.py Signals.cause(): a failed canary (strong(), cause "
-    "'no-progress') is returned before the process evidence (_cpu) is looked at, so with a "
-    "canary the cause is no-progress where the processes say host-deadlock or host-busy"
-)
-SPIN = (
-    "BUG engine_watchdog/signals.py CPU_BUSY_CORES=0.8 is absolute: the spinning engine core "
-    "got 0.48-0.65 cores on this busy 2-core machine, so host-busy is never found"
-)
 KNOWN_BUGS: dict[str, str] = {}
 """Scenarios whose replay fails because of a known product bug (strict xfail: a fix turns them
 into failures that ask for the entry to go)."""

@@ -18,7 +18,7 @@ from engine_watchdog.core.model import (
 from engine_watchdog.core.requests import BURST_COUNT, RequestJudge
 from engine_watchdog.core.wire import GAP_BOUNDS, GapWindow, gap_bucket
 from engine_watchdog.engines import VLLM
-from engine_watchdog.runtime.trace import decode, encode
+from engine_watchdog.runtime.trace.format import decode, encode
 from tests.tools.detector_feed import T0, run
 
 FLOOR = 10.0

@@ -8,7 +8,7 @@ from pathlib import Path
 from engine_watchdog.core.model import Cause, Outcome, Result, State, Verdict
 from engine_watchdog.core.settings import PolicySettings, RateLimit
 from engine_watchdog.recovery.history import ActionHistory
-from engine_watchdog.runtime.supervisor import Supervisor
+from engine_watchdog.runtime.act.supervisor import Supervisor
 from tests.waiting import eventually
 
 T = 1_796_000_000.0

@@ -12,8 +12,8 @@ import pytest
 from engine_watchdog.core.model import Action, Cause, State, StuckRequest
 from engine_watchdog.core.settings import PolicySettings
 from engine_watchdog.recovery.history import ActionHistory
+from engine_watchdog.runtime.act.supervisor import GuardOrders, Supervisor
 from engine_watchdog.runtime.events import Channel, StuckHandled
-from engine_watchdog.runtime.supervisor import GuardOrders, Supervisor
 from tests.unit.test_supervisor import ScriptedActions, T, verdicts
 
 

@@ -24,9 +24,9 @@ from engine_watchdog.core.model import (
     RestartObs,
 )
 from engine_watchdog.engines import VLLM
-from engine_watchdog.probes.metrics import RawScrape, parse_scrape
-from engine_watchdog.runtime.recording import TraceWriter, portable_title
-from engine_watchdog.runtime.trace import decode, encode, encode_scrape, read_trace
+from engine_watchdog.probes.scrape import RawScrape, parse_scrape
+from engine_watchdog.runtime.trace.format import decode, encode, encode_scrape, read_trace
+from engine_watchdog.runtime.trace.recording import TraceWriter, portable_title
 
 T = 1_796_016_666.25
 BODY = (
@@ -144,7 +144,7 @@ def test_unknown_kinds_are_ignored_without_a_warning(caplog: pytest.LogCaptureFi
         json.dumps({"v": 2, "t": T + 1, "kind": "nvlink", "links": [1, 2]}),
         json.dumps(encode(OBSERVATIONS["health-200"])),
     ]
-    with caplog.at_level(logging.WARNING, logger="engine_watchdog.runtime.trace"):
+    with caplog.at_level(logging.WARNING, logger="engine_watchdog.runtime.trace.format"):
         got = list(read_trace(lines, VLLM))
     assert got == [OBSERVATIONS["health-200"]]
     assert not caplog.records
@@ -238,7 +238,7 @@ def test_a_broken_line_is_skipped_with_a_warning(
     line: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     good = json.dumps(encode(OBSERVATIONS["health-200"]))
-    with caplog.at_level(logging.WARNING, logger="engine_watchdog.runtime.trace"):
+    with caplog.at_level(logging.WARNING, logger="engine_watchdog.runtime.trace.format"):
         got = list(read_trace([good, line, good], VLLM))
     assert got == [OBSERVATIONS["health-200"]] * 2
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["trace line 2 skipped"]
@@ -251,7 +251,7 @@ def test_a_time_that_is_not_a_finite_number_is_skipped(
     """Python's json reads NaN and Infinity; an observation at such a time poisons every
     later verdict's arithmetic (and makes ``replay --json`` print invalid JSON)."""
     line = '{"v":1,"t":' + t + ',"kind":"health","status":200}'
-    with caplog.at_level(logging.WARNING, logger="engine_watchdog.runtime.trace"):
+    with caplog.at_level(logging.WARNING, logger="engine_watchdog.runtime.trace.format"):
         got = list(read_trace([line], VLLM))
     assert got == []
     assert caplog.records

@@ -21,7 +21,7 @@ from benchmarks import footprint_watch
 
 NOT_AT_START = (
     # the guard: its proxy, data path and loop (only with --guard-listen; its parser,
-    # httptools, also reads the own server's requests: runtime/server.py)
+    # httptools, also reads the own server's requests: runtime/endpoints.py)
     "engine_watchdog.guard.proxy",
     "engine_watchdog.guard.fast",
     "engine_watchdog.guard.drain",
@@ -38,14 +38,14 @@ NOT_AT_START = (
     "tarfile",
     # multi-node (--peers or LeaderWorkerSet) and the services beside the engine
     "engine_watchdog.runtime.peering",
-    "engine_watchdog.peers.server",
+    "engine_watchdog.peers.endpoint",
     "engine_watchdog.peers.fanout",
     "engine_watchdog.net.k8s_api",
     "engine_watchdog.capture.pod_log",
     "engine_watchdog.report.alertmanager",
     "engine_watchdog.report.k8s_events",
     "engine_watchdog.report.readiness",
-    # the other commands, and aiohttp's server (runtime/server.py serves /metrics without it)
+    # the other commands, and aiohttp's server (runtime/endpoints.py serves /metrics without it)
     "engine_watchdog.sim",
     "engine_watchdog.cli.demo",
     "engine_watchdog.cli.capture",
@@ -56,11 +56,11 @@ NOT_AT_START = (
 )
 """Modules (and the packages under them) a plain ``watch`` never imports."""
 RAN = (
-    "engine_watchdog.runtime.watcher",
+    "engine_watchdog.runtime.watch.watcher",
     "engine_watchdog.core.detector",
-    "engine_watchdog.runtime.supervisor",
+    "engine_watchdog.runtime.act.supervisor",
     "engine_watchdog.recovery.actions",
-    "engine_watchdog.runtime.server",
+    "engine_watchdog.runtime.endpoints",
 )
 """It did run a watch: the probes, the detector, the supervisor of --action's default, its
 own server."""

@@ -1,6 +1,6 @@
 """Write fixture bundles in the exact shapes the capture step writes (docs/bundle.md):
 manifest.json, processes.json, pyspy/<pid>.json (py-spy 0.4 ``dump --json``) and pyspy/<pid>.txt
-(the layout of engine_watchdog/capture/pyspy.py ``render_text``), gpu.json (capture/gpu.py),
+(the layout of engine_watchdog/capture/pyspy.py ``render_text``), gpu.json (capture/gpu_state.py),
 engine.log, flight_recorder/, timeline.jsonl, versions.json, summary.md.
 
 Regenerate the committed fixtures with ``python -m tests.data.hangs.build`` (tests/data/hangs/

@@ -55,7 +55,7 @@ def json_error(
     message: str, status: int = 503, kind: str = "ServiceUnavailableError", retry_after: int = 0
 ) -> web.Response:
     # aiohttp's server imported here, by the guard only: the supervisor reads this module's
-    # MESSAGES in every watch, which serves nothing through aiohttp.web (runtime/server.py).
+    # MESSAGES in every watch, which serves nothing through aiohttp.web (runtime/endpoints.py).
     from aiohttp import web
 
     headers = {"Retry-After": str(retry_after)} if retry_after else {}

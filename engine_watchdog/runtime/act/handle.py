@@ -41,7 +41,7 @@ class EngineView:
         timeline: Sequence[dict[str, Any]],
     ) -> None:
         """``canaries``: the engine-side ids of the canaries in flight (the prober's);
-        ``timeline``: the recorded last minutes (runtime/recording.py), for the bundle."""
+        ``timeline``: the recorded last minutes (runtime/trace/recording.py), for the bundle."""
         self.target = settings.url
         self.connection, self.session = connection, session
         self.profile: EngineProfile = PROFILES.get(settings.engine, VLLM)

@@ -21,13 +21,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine_watchdog.sim.admin import AdminHandlers
+from engine_watchdog.sim.api_metrics import SimMetrics
 from engine_watchdog.sim.client import EngineDeadError, EngineGroup
 from engine_watchdog.sim.faults import ApiFault, FaultSpec
-from engine_watchdog.sim.metrics import SimMetrics
 from engine_watchdog.sim.openai import OpenAIHandlers
 from engine_watchdog.sim.settings import SimSettings
 
-log = logging.getLogger("engine_watchdog.sim.server")
+log = logging.getLogger("engine_watchdog.sim.api")
 
 DEAD_EXIT_DELAY_S = 2.0
 """After an engine core dies: time /health answers 503 before the process exits (vLLM: ~5 s)."""

@@ -14,7 +14,7 @@ from engine_watchdog.core.model import Cause, EngineSample, HttpStatus, Note, Sc
 from engine_watchdog.engines.detect import NOT_METRICS_HINT, is_html
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.access import OPEN, Access
-from engine_watchdog.net.errors import TOO_LARGE
+from engine_watchdog.net.failures import TOO_LARGE
 from engine_watchdog.net.http import fetch
 
 GAUGE_MARK = "~"

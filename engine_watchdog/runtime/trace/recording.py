@@ -1,5 +1,5 @@
-"""Writing a trace (``watch --record``, ``record -o``): the format is in runtime/trace.py; and
-the round's records on their way to it and to the incident timeline.
+"""Writing a trace (``watch --record``, ``record -o``): the format is in format.py beside it;
+and the round's records on their way to it and to the incident timeline.
 
 The file is private (0600, like everything the watchdog writes: traces hold the engine's
 process titles and errors). A title's absolute paths are written without their directories

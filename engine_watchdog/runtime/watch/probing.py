@@ -25,12 +25,12 @@ from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.net.connection import EngineConnection
 from engine_watchdog.probes.canary import Canary
 from engine_watchdog.probes.engine_procs import ProcsProbe
-from engine_watchdog.probes.gpu import GpuProbe, load_nvml
 from engine_watchdog.probes.health import probe_health
-from engine_watchdog.probes.metrics import parse_scrape, scrape
+from engine_watchdog.probes.nvml import GpuProbe, load_nvml
+from engine_watchdog.probes.scrape import parse_scrape, scrape
 from engine_watchdog.runtime.events import Channel
-from engine_watchdog.runtime.notices import Notices, warn_blind_spots
-from engine_watchdog.runtime.trace import encode, encode_scrape
+from engine_watchdog.runtime.trace.format import encode, encode_scrape
+from engine_watchdog.runtime.watch.notices import Notices, warn_blind_spots
 
 log = logging.getLogger(__name__)
 Record = Callable[[dict[str, Any]], None]

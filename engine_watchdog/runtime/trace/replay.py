@@ -15,7 +15,7 @@ from engine_watchdog.core.detector import Detector
 from engine_watchdog.core.model import State, StuckRequest, Transition
 from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.runtime.trace import RecordedSettings, read_trace
+from engine_watchdog.runtime.trace.format import RecordedSettings, read_trace
 
 Overrides = Callable[[DetectorSettings], DetectorSettings]
 

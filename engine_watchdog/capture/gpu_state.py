@@ -16,7 +16,7 @@ from typing import Any
 from engine_watchdog.capture.step import CaptureContext, CaptureStep, StepResult
 from engine_watchdog.core.model import ProcInfo
 from engine_watchdog.host.tools import write_private
-from engine_watchdog.probes.gpu import GpuProbe, GpuReading
+from engine_watchdog.probes.nvml import GpuProbe, GpuReading
 from engine_watchdog.probes.xid import XidEvent
 
 NAME = "gpu"

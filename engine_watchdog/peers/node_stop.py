@@ -57,7 +57,7 @@ def verified(clean: Mapping[str, Any], uid: int) -> bool:
 
 @dataclass
 class NodeRestart:
-    """The restart hook of one node's peer endpoint (peers/server.py's ``RestartHook``)."""
+    """The restart hook of one node's peer endpoint (peers/endpoint.py's ``RestartHook``)."""
 
     find_procs: FindProcs
     uid: int

@@ -13,7 +13,7 @@ from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.probes.canary import unusable_hint
 
-log = logging.getLogger("engine_watchdog.runtime.watcher")
+log = logging.getLogger("engine_watchdog.runtime.watch.watcher")
 
 
 class Notices:

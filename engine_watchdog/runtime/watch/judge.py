@@ -16,9 +16,9 @@ from engine_watchdog.core.model import Observation, RestartObs, Transition, Verd
 from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.engines.profile import EngineProfile
 from engine_watchdog.runtime.events import Channel, RequestsStuck, Restarted
-from engine_watchdog.runtime.notices import Notices
-from engine_watchdog.runtime.probing import Record
-from engine_watchdog.runtime.trace import encode, encode_settings
+from engine_watchdog.runtime.trace.format import encode, encode_settings
+from engine_watchdog.runtime.watch.notices import Notices
+from engine_watchdog.runtime.watch.probing import Record
 
 
 def detector_settings_for(settings: DetectorSettings, profile: EngineProfile) -> DetectorSettings:

@@ -32,7 +32,7 @@ from engine_watchdog.core.model import (
 from engine_watchdog.core.settings import DetectorSettings
 from engine_watchdog.engines import PROFILES
 from engine_watchdog.engines.profile import EngineProfile
-from engine_watchdog.probes.metrics import RawScrape, parse_scrape
+from engine_watchdog.probes.scrape import RawScrape, parse_scrape
 from engine_watchdog.runtime.events import StuckHandled
 
 VERSION = 1
@@ -270,7 +270,7 @@ def _str(value: Any) -> str | None:
 
 
 def _cause(value: Any) -> Cause | None:
-    """A failed request's code (net/errors.py); any other is a broken record (ValueError)."""
+    """A failed request's code (net/failures.py); any other is a broken record (ValueError)."""
     text = _str(value)
     return None if text is None else Cause(text)
 

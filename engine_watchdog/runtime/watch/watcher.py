@@ -1,6 +1,6 @@
-"""One watched engine's probe rounds: its prober probes (runtime/probing.py), its judge judges
-(runtime/judging.py), and the round's records go to the timeline and the trace
-(runtime/recording.py).
+"""One watched engine's probe rounds: its prober probes (runtime/watch/probing.py), its judge judges
+(runtime/watch/judge.py), and the round's records go to the timeline and the trace
+(runtime/trace/recording.py).
 
 The watcher owns no policy and no part's state: it runs one round at a time (:meth:`Watcher.tick`)
 and the run loop (runner.py) or the one-shot check (check.py) decides what to do with the
@@ -20,13 +20,13 @@ import aiohttp
 from engine_watchdog.core.model import Transition, Verdict
 from engine_watchdog.core.settings import WatchSettings
 from engine_watchdog.net.connection import EngineConnection, connection_for
-from engine_watchdog.probes.gpu import GpuProbe
+from engine_watchdog.probes.nvml import GpuProbe
 from engine_watchdog.runtime.events import Bus, StuckHandled
-from engine_watchdog.runtime.judging import Judge
-from engine_watchdog.runtime.notices import Notices
-from engine_watchdog.runtime.probing import Prober, WireSource
-from engine_watchdog.runtime.recording import RoundRecords
-from engine_watchdog.runtime.trace import encode_handled
+from engine_watchdog.runtime.trace.format import encode_handled
+from engine_watchdog.runtime.trace.recording import RoundRecords
+from engine_watchdog.runtime.watch.judge import Judge
+from engine_watchdog.runtime.watch.notices import Notices
+from engine_watchdog.runtime.watch.probing import Prober, WireSource
 
 __all__ = ["Reporter", "Watcher", "WireSource", "watcher_for"]
 

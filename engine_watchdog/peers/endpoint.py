@@ -5,9 +5,9 @@ is done):
 
 - ``GET /v1/node``: this node's rank processes and their state (read-only);
 - ``POST /v1/capture``: sample the ranks now (node.py) and answer the capture as JSON
-  (wire.py); body ``{"budget_s": N}``, clamped to [1, 120] s;
+  (codec.py); body ``{"budget_s": N}``, clamped to [1, 120] s;
 - ``POST /v1/restart``: stop this node's engine ranks and check the node clean through the
-  hook given at construction (peers/restart.py); its answer ``{"ok": true, "result": ...}``;
+  hook given at construction (peers/node_stop.py); its answer ``{"ok": true, "result": ...}``;
   501 where none was given.
 
 Nothing else is writable. The access log is off (it would print the Authorization header's
@@ -27,13 +27,13 @@ from aiohttp.typedefs import Handler
 
 from engine_watchdog.core.settings import Secret
 from engine_watchdog.peers.auth import authorised
+from engine_watchdog.peers.codec import capture_json
 from engine_watchdog.peers.node import LocalNode
-from engine_watchdog.peers.wire import capture_json
 
 log = logging.getLogger(__name__)
 
 RestartHook = Callable[[], Awaitable[dict[str, Any]]]
-"""Stops this node's engine ranks and checks the node (peers/restart.py's NodeRestart);
+"""Stops this node's engine ranks and checks the node (peers/node_stop.py's NodeRestart);
 returns what it did as JSON-able data (raises on failure)."""
 MAX_BODY_BYTES = 64 * 1024
 MIN_BUDGET_S, MAX_BUDGET_S, DEFAULT_BUDGET_S = 1.0, 120.0, 30.0

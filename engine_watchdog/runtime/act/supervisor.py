@@ -28,13 +28,13 @@ from engine_watchdog.core.model import (
     incident_id,
 )
 from engine_watchdog.core.settings import PolicySettings
-from engine_watchdog.guard.errors import MESSAGES, Ending
+from engine_watchdog.guard.answers import MESSAGES, Ending
 from engine_watchdog.host.logs import bind
 from engine_watchdog.recovery.history import ActionHistory
 from engine_watchdog.recovery.supervise import EngineExited
+from engine_watchdog.runtime.act.hands import Actions, GuardControl, refusal
+from engine_watchdog.runtime.act.ledger import ActionListener, Ledger
 from engine_watchdog.runtime.events import Channel, RequestsStuck, StuckHandled, StuckResult
-from engine_watchdog.runtime.hands import Actions, GuardControl, refusal
-from engine_watchdog.runtime.ledger import ActionListener, Ledger
 
 __all__ = ["ActionListener", "Actions", "GuardControl", "GuardOrders", "Supervisor", "refusal"]
 log = logging.getLogger("engine_watchdog.actions")
