@@ -10,10 +10,10 @@ POSITIVE_H36A["kvfull-llamacpp-4185-decode-retry"] = {
     "kind": "positive",
     "expect": "llamacpp-kv-cache-full-decode-retry-loop",
     "source": ["https://github.com/ggml-org/llama.cpp/issues/4185"],
-    "why": "'update_slots : failed to decode the batch': after about 800 of 1000 prompts the KV cache "
-    "seems to fill up and the whole server hangs infinitely and accepts no more requests; the log "
-    "shows the batch halved from 256 to 1 and the decode failing at n_batch = 1: the retry loop "
-    "of #6617.",
+    "why": "'update_slots : failed to decode the batch': after about 800 of 1000 prompts the KV "
+    "cache seems to fill up and the whole server hangs infinitely and accepts no more requests; "
+    "the log shows the batch halved from 256 to 1 and the decode failing at n_batch = 1: the "
+    "retry loop of #6617.",
     "taken": [
         "the server's log lines as the description quotes them, verbatim (docker compose's "
         "'llama.cpp-gpu  | ' prefix kept): the system prompt update, slot 0 taking task 812, the "
