@@ -40,3 +40,61 @@ POSITIVE_H36A["kvfull-llamacpp-4185-decode-retry"] = {
         ],
     },
 }
+
+_CTXSHIFT_6979 = (
+    '{"tid":"0x1da3a5ec0","timestamp":%d,"level":"INFO","function":"update_slots","line":1845,'
+    '"msg":"slot context shift","id_slot":3,"id_task":79,"n_keep":0,"n_left":50,"n_discard":25,'
+    '"n_ctx":512,"n_past":50,"n_system_tokens":0,"n_cache_tokens":0}'
+)
+
+POSITIVE_H36A["ctxshift-llamacpp-6979-fast-requests-loop"] = {
+    "kind": "positive",
+    "expect": "llamacpp-context-shift-endless-generation",
+    "source": ["https://github.com/ggml-org/llama.cpp/issues/6979"],
+    "why": "'Fast request make the server stuck': ten slots (-np 10, n_ctx 512 per slot) and two "
+    "quick runs of a chat-completion script send the server into an infinite loop of 'slot "
+    "context shift' for the same task (79): the endless context shift of #3969.",
+    "taken": [
+        "the command line, verbatim (./server ... -ngl 99 -cb -np 10; the model path as quoted)",
+        "the server's JSON log lines as quoted: two 'slot context shift' lines for slot 3, task 79 "
+        "(timestamps 1714395994 and 1714395995), and a third cut where the part of the report "
+        "read here ends",
+    ],
+    "left_out": [
+        "the GPU (not named; '-ngl 99' offloads to one), versions (llama3-8b q4_0 through "
+        "ollama's blob, build not stated), stacks and GPU figures",
+    ],
+    "bundle": {
+        "engine": "llamacpp",
+        "procs": [
+            {
+                "pid": 1,
+                "role": "api-server",
+                "cmdline": [
+                    "./server",
+                    "-m",
+                    "~/.ollama/models/blobs/sha256-00e1317cbf74d901080d7100f57580ba8dd8de57203072"
+                    "dc6f668324ba545f29",
+                    "-a",
+                    "llamacpp",
+                    "--host",
+                    "0.0.0.0",
+                    "--port",
+                    "11435",
+                    "-ngl",
+                    "99",
+                    "-cb",
+                    "-np",
+                    "10",
+                ],
+            }
+        ],
+        "log": [
+            _CTXSHIFT_6979 % 1714395994,
+            _CTXSHIFT_6979 % 1714395995,
+            '{"tid":"0x1da3a5ec0","timestamp":1714395995,"level":"INFO","function":"update_slots",'
+            '"line":1845,"msg":"slot context shift","id_slot":3,"id_task":79,"n_keep":0,'
+            '"n_left":50,"n_discard":25,"n_ctx":512',
+        ],
+    },
+}
