@@ -1,4 +1,5 @@
-"""Positive cases for the signatures added in issue 36 by helper h36a (see cases_positive.py)."""
+"""Positive cases from helper h36a: the llama.cpp KV-cache retry loop and a second context-shift
+loop (see cases_positive.py)."""
 
 from __future__ import annotations
 
