@@ -175,9 +175,10 @@ def all_cases() -> dict[str, dict[str, Any]]:
     from tests.data.hangs_eval.cases_negative import NEGATIVE
     from tests.data.hangs_eval.cases_negative_more import NEGATIVE_MORE
     from tests.data.hangs_eval.cases_positive import POSITIVE
+    from tests.data.hangs_eval.cases_positive_h36b import POSITIVE_H36B
     from tests.data.hangs_eval.cases_positive_more import POSITIVE_MORE
 
-    every = {**POSITIVE, **POSITIVE_MORE, **NEGATIVE, **NEGATIVE_MORE}
+    every = {**POSITIVE, **POSITIVE_MORE, **POSITIVE_H36B, **NEGATIVE, **NEGATIVE_MORE}
     for name, case in every.items():
         assert case["kind"] in KINDS, name
         assert (case["kind"] == "positive") == bool(case.get("expect")), name
