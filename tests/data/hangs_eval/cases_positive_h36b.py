@@ -1,4 +1,5 @@
-"""Positive cases added for issue 36 (helper h36b); see cases_positive.py for the rules."""
+"""More positive cases: SGLang's symmetric-memory registration and EPLB rebalance hangs
+(cases_positive.py says what a case holds)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,51 @@ POSITIVE_H36B["symm-sglang-11208-gb200-window-register"] = {
             "[2025-10-03 20:34:48 DP0 TP0 EP0] max_total_num_tokens=1339395, "
             "chunked_prefill_size=2032, max_prefill_tokens=16384, max_running_requests=4096, "
             "context_len=131072, available_gpu_mem=33.74 GB",
+        ],
+    },
+}
+
+POSITIVE_H36B["eplb-sglang-7956-p2p-weight-exchange"] = {
+    "kind": "positive",
+    "expect": "sglang-eplb-rebalance-p2p-hang",
+    "source": ["https://github.com/sgl-project/sglang/issues/7956"],
+    "why": "'[Bug] EPLB weight exchange hangs when P2P is activated': DeepSeek R1 with EPLB "
+    "deadlocks during the weight communication and times out; py-spy puts all 32 ranks in "
+    "batch_isend_irecv under _execute_p2p_ops (eplb/expert_location_updater.py), and "
+    "NCCL_P2P_DISABLE=1 avoids it: the single P2P batch that PR #30829 later chunked on CUDA.",
+    "taken": [
+        "the py-spy stack quoted as the freezing point of all 32 ranks, verbatim as far as the "
+        "quote goes: 'Thread-4 (forward_thread_func)' (tid 465126) in _coalescing_manager "
+        "(torch/distributed/distributed_c10d.py:2587) <- __exit__ (contextlib.py:142) <- "
+        "batch_isend_irecv (torch/distributed/distributed_c10d.py:2649) <- _execute_p2p_ops "
+        "(eplb/expert_location_updater.py:441); one scheduler process carries it (the report "
+        "gives one stack for all ranks and no process ids)",
+    ],
+    "left_out": [
+        "the stack's outer frames, cut in the parts read at '_entr'",
+        "the launch command and environment (the setup the report refers to is not in the "
+        "parts read; NCCL_P2P_DISABLE=1 is the workaround, not the hanging run's setting)",
+        "GPUs, versions and log lines",
+    ],
+    "bundle": {
+        "engine": "sglang",
+        "procs": [
+            {
+                "pid": 1,
+                "role": "engine-core",
+                "stacks": [
+                    {
+                        "name": "Thread-4 (forward_thread_func)",
+                        "tid": 465126,
+                        "frames": [
+                            "_coalescing_manager (torch/distributed/distributed_c10d.py:2587)",
+                            "__exit__ (contextlib.py:142)",
+                            "batch_isend_irecv (torch/distributed/distributed_c10d.py:2649)",
+                            "_execute_p2p_ops (eplb/expert_location_updater.py:441)",
+                        ],
+                    }
+                ],
+            }
         ],
     },
 }
