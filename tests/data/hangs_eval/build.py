@@ -175,10 +175,18 @@ def all_cases() -> dict[str, dict[str, Any]]:
     from tests.data.hangs_eval.cases_negative import NEGATIVE
     from tests.data.hangs_eval.cases_negative_more import NEGATIVE_MORE
     from tests.data.hangs_eval.cases_positive import POSITIVE
-    from tests.data.hangs_eval.cases_positive_h36a import POSITIVE_H36A
+    from tests.data.hangs_eval.cases_positive_llamacpp import POSITIVE_LLAMACPP
     from tests.data.hangs_eval.cases_positive_more import POSITIVE_MORE
+    from tests.data.hangs_eval.cases_positive_sglang import POSITIVE_SGLANG
 
-    every = {**POSITIVE, **POSITIVE_MORE, **POSITIVE_H36A, **NEGATIVE, **NEGATIVE_MORE}
+    every = {
+        **POSITIVE,
+        **POSITIVE_MORE,
+        **POSITIVE_LLAMACPP,
+        **POSITIVE_SGLANG,
+        **NEGATIVE,
+        **NEGATIVE_MORE,
+    }
     for name, case in every.items():
         assert case["kind"] in KINDS, name
         assert (case["kind"] == "positive") == bool(case.get("expect")), name

@@ -1,13 +1,13 @@
-"""Positive cases from helper h36a: the llama.cpp KV-cache retry loop and a second context-shift
+"""More positive cases: the llama.cpp KV-cache retry loop and a second context-shift
 loop (see cases_positive.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-POSITIVE_H36A: dict[str, dict[str, Any]] = {}
+POSITIVE_LLAMACPP: dict[str, dict[str, Any]] = {}
 
-POSITIVE_H36A["kvfull-llamacpp-4185-decode-retry"] = {
+POSITIVE_LLAMACPP["kvfull-llamacpp-4185-decode-retry"] = {
     "kind": "positive",
     "expect": "llamacpp-kv-cache-full-decode-retry-loop",
     "source": ["https://github.com/ggml-org/llama.cpp/issues/4185"],
@@ -48,7 +48,7 @@ _CTXSHIFT_6979 = (
     '"n_ctx":512,"n_past":50,"n_system_tokens":0,"n_cache_tokens":0}'
 )
 
-POSITIVE_H36A["ctxshift-llamacpp-6979-fast-requests-loop"] = {
+POSITIVE_LLAMACPP["ctxshift-llamacpp-6979-fast-requests-loop"] = {
     "kind": "positive",
     "expect": "llamacpp-context-shift-endless-generation",
     "source": ["https://github.com/ggml-org/llama.cpp/issues/6979"],
