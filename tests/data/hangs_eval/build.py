@@ -175,6 +175,7 @@ def all_cases() -> dict[str, dict[str, Any]]:
     from tests.data.hangs_eval.cases_negative import NEGATIVE
     from tests.data.hangs_eval.cases_negative_more import NEGATIVE_MORE
     from tests.data.hangs_eval.cases_positive import POSITIVE
+    from tests.data.hangs_eval.cases_positive_h36d import POSITIVE_H36D
     from tests.data.hangs_eval.cases_positive_llamacpp import POSITIVE_LLAMACPP
     from tests.data.hangs_eval.cases_positive_more import POSITIVE_MORE
     from tests.data.hangs_eval.cases_positive_sglang import POSITIVE_SGLANG
@@ -184,6 +185,7 @@ def all_cases() -> dict[str, dict[str, Any]]:
         **POSITIVE_MORE,
         **POSITIVE_LLAMACPP,
         **POSITIVE_SGLANG,
+        **POSITIVE_H36D,
         **NEGATIVE,
         **NEGATIVE_MORE,
     }
