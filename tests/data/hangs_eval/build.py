@@ -175,17 +175,19 @@ def all_cases() -> dict[str, dict[str, Any]]:
     from tests.data.hangs_eval.cases_negative import NEGATIVE
     from tests.data.hangs_eval.cases_negative_more import NEGATIVE_MORE
     from tests.data.hangs_eval.cases_positive import POSITIVE
-    from tests.data.hangs_eval.cases_positive_h36c import POSITIVE_H36C
     from tests.data.hangs_eval.cases_positive_llamacpp import POSITIVE_LLAMACPP
     from tests.data.hangs_eval.cases_positive_more import POSITIVE_MORE
     from tests.data.hangs_eval.cases_positive_sglang import POSITIVE_SGLANG
+    from tests.data.hangs_eval.cases_positive_sglang_dp import POSITIVE_SGLANG_DP
+    from tests.data.hangs_eval.cases_positive_vllm import POSITIVE_VLLM
 
     every = {
         **POSITIVE,
         **POSITIVE_MORE,
         **POSITIVE_LLAMACPP,
         **POSITIVE_SGLANG,
-        **POSITIVE_H36C,
+        **POSITIVE_VLLM,
+        **POSITIVE_SGLANG_DP,
         **NEGATIVE,
         **NEGATIVE_MORE,
     }

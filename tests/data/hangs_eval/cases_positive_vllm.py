@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-POSITIVE_H36C: dict[str, dict[str, Any]] = {}
+POSITIVE_VLLM: dict[str, dict[str, Any]] = {}
 
-POSITIVE_H36C["swa-vllm-39866-gemma4-5090-admission"] = {
+POSITIVE_VLLM["swa-vllm-39866-gemma4-5090-admission"] = {
     "kind": "positive",
     "expect": "vllm-swa-admission-head-of-line-stall",
     "source": ["https://github.com/vllm-project/vllm/pull/39866"],
