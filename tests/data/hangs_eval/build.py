@@ -175,6 +175,7 @@ def all_cases() -> dict[str, dict[str, Any]]:
     from tests.data.hangs_eval.cases_negative import NEGATIVE
     from tests.data.hangs_eval.cases_negative_more import NEGATIVE_MORE
     from tests.data.hangs_eval.cases_positive import POSITIVE
+    from tests.data.hangs_eval.cases_positive_h36f import POSITIVE_H36F
     from tests.data.hangs_eval.cases_positive_llamacpp import POSITIVE_LLAMACPP
     from tests.data.hangs_eval.cases_positive_more import POSITIVE_MORE
     from tests.data.hangs_eval.cases_positive_sglang import POSITIVE_SGLANG
@@ -188,6 +189,7 @@ def all_cases() -> dict[str, dict[str, Any]]:
         **POSITIVE_SGLANG,
         **POSITIVE_VLLM,
         **POSITIVE_SGLANG_DP,
+        **POSITIVE_H36F,
         **NEGATIVE,
         **NEGATIVE_MORE,
     }
