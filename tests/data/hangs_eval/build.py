@@ -175,11 +175,12 @@ def all_cases() -> dict[str, dict[str, Any]]:
     from tests.data.hangs_eval.cases_negative import NEGATIVE
     from tests.data.hangs_eval.cases_negative_more import NEGATIVE_MORE
     from tests.data.hangs_eval.cases_positive import POSITIVE
-    from tests.data.hangs_eval.cases_positive_h36e import POSITIVE_H36E
     from tests.data.hangs_eval.cases_positive_llamacpp import POSITIVE_LLAMACPP
     from tests.data.hangs_eval.cases_positive_more import POSITIVE_MORE
+    from tests.data.hangs_eval.cases_positive_rocm import POSITIVE_ROCM
     from tests.data.hangs_eval.cases_positive_sglang import POSITIVE_SGLANG
     from tests.data.hangs_eval.cases_positive_sglang_dp import POSITIVE_SGLANG_DP
+    from tests.data.hangs_eval.cases_positive_trtllm import POSITIVE_TRTLLM
     from tests.data.hangs_eval.cases_positive_vllm import POSITIVE_VLLM
 
     every = {
@@ -189,7 +190,8 @@ def all_cases() -> dict[str, dict[str, Any]]:
         **POSITIVE_SGLANG,
         **POSITIVE_VLLM,
         **POSITIVE_SGLANG_DP,
-        **POSITIVE_H36E,
+        **POSITIVE_TRTLLM,
+        **POSITIVE_ROCM,
         **NEGATIVE,
         **NEGATIVE_MORE,
     }

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-POSITIVE_H36E: dict[str, dict[str, Any]] = {}
+POSITIVE_TRTLLM: dict[str, dict[str, Any]] = {}
 
-POSITIVE_H36E["gentransfer-trtllm-14414-gb300-pp-executor"] = {
+POSITIVE_TRTLLM["gentransfer-trtllm-14414-gb300-pp-executor"] = {
     "kind": "positive",
     "expect": "trtllm-disagg-gen-transfer-status-block",
     "source": ["https://github.com/NVIDIA/TensorRT-LLM/pull/14414"],
