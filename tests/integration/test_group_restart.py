@@ -54,11 +54,14 @@ async def test_a_stopped_rank_leads_to_one_bundle_and_one_clean_group_restart(
 async def test_a_node_that_does_not_answer_the_restart_order_is_named_unverified(
     tmp_path: Path,
 ) -> None:
-    out = await run_scenario(tmp_path, "rank-stop:1", silent_peer=True, deadline_s=3.0)
+    # The deadline is the harness's default: a node that answers stops its ranks and checks them
+    # gone within it even on a loaded machine (3 s was not: a fresh clone's run under the
+    # suite's load saw an answering node named unverified too).
+    out = await run_scenario(tmp_path, "rank-stop:1", silent_peer=True)
     silent = f"127.0.0.1:{out.peer_ports[2]}"
     detail = out.restart["detail"]
     assert detail.startswith(f"group NOT verified clean ({silent}): "), detail
-    assert f"{silent} UNVERIFIED (no answer within 3 s)" in detail
+    assert f"{silent} UNVERIFIED (no answer within 8 s)" in detail
     report = out.reports[silent.replace(":", "_")]
     assert (report["answered"], report["verified"]) == (False, False)
     # The silent node does not hide the stopped rank.
