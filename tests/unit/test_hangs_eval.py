@@ -58,7 +58,6 @@ NO_POSITIVE_YET = {
     # Signatures whose bug no uncited upstream report shows with evidence a bundle can hold
     # (docs/known-hangs.md, "Signatures without a positive case", lists the searches run).
     "lmcache-rocm-import-event-deadlock",
-    "nccl-2289-cross-node-cudagraph-deadlock",
     "sglang-flashinfer-0614-fp4-moe-gemm-wedge",
     "sglang-overlap-copy-done-hang",
     "vllm-custom-allreduce-rank-hang",
@@ -67,7 +66,6 @@ NO_POSITIVE_YET = {
     "vllm-multinode-shm-reader-stall",
     "vllm-nvfp4-mtp-blackwell-stall",
     "vllm-ray-pp-shm-deadlock",
-    "vllm-tp-collective-divergence",
     "vllm-v0-driver-scheduler-spin",
 }
 

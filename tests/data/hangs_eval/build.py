@@ -175,6 +175,7 @@ def all_cases() -> dict[str, dict[str, Any]]:
     from tests.data.hangs_eval.cases_negative import NEGATIVE
     from tests.data.hangs_eval.cases_negative_more import NEGATIVE_MORE
     from tests.data.hangs_eval.cases_positive import POSITIVE
+    from tests.data.hangs_eval.cases_positive_h36h import POSITIVE_H36H
     from tests.data.hangs_eval.cases_positive_llamacpp import POSITIVE_LLAMACPP
     from tests.data.hangs_eval.cases_positive_more import POSITIVE_MORE
     from tests.data.hangs_eval.cases_positive_rocm import POSITIVE_ROCM
@@ -192,6 +193,7 @@ def all_cases() -> dict[str, dict[str, Any]]:
         **POSITIVE_SGLANG_DP,
         **POSITIVE_TRTLLM,
         **POSITIVE_ROCM,
+        **POSITIVE_H36H,
         **NEGATIVE,
         **NEGATIVE_MORE,
     }
