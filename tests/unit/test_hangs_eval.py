@@ -67,7 +67,6 @@ NO_POSITIVE_YET = {
     "vllm-multinode-shm-reader-stall",
     "vllm-nvfp4-mtp-blackwell-stall",
     "vllm-ray-pp-shm-deadlock",
-    "vllm-tp-collective-divergence",
     "vllm-v0-driver-scheduler-spin",
 }
 

@@ -177,6 +177,7 @@ def all_cases() -> dict[str, dict[str, Any]]:
     from tests.data.hangs_eval.cases_positive import POSITIVE
     from tests.data.hangs_eval.cases_positive_llamacpp import POSITIVE_LLAMACPP
     from tests.data.hangs_eval.cases_positive_more import POSITIVE_MORE
+    from tests.data.hangs_eval.cases_positive_multinode import POSITIVE_MULTINODE
     from tests.data.hangs_eval.cases_positive_rocm import POSITIVE_ROCM
     from tests.data.hangs_eval.cases_positive_sglang import POSITIVE_SGLANG
     from tests.data.hangs_eval.cases_positive_sglang_dp import POSITIVE_SGLANG_DP
@@ -192,6 +193,7 @@ def all_cases() -> dict[str, dict[str, Any]]:
         **POSITIVE_SGLANG_DP,
         **POSITIVE_TRTLLM,
         **POSITIVE_ROCM,
+        **POSITIVE_MULTINODE,
         **NEGATIVE,
         **NEGATIVE_MORE,
     }
