@@ -283,7 +283,8 @@ async def test_inference_thread_stall(
     assert all(p.status == 200 for p in second.values()), second
     assert decodes[0] == decodes[1] > 0 and running == 2, (decodes, running)
     assert decoded(first["/slots"].body) == decoded(second["/slots"].body)
-    # The process is not stopped: its HTTP thread sleeps or is answering the probes right now.
+    # The process is not stopped (T): its main thread waits in the shim, which looks at its
+    # trigger every 50 ms, so it is asleep (S) or, in that instant, runnable (R).
     assert state in ("S", "R") and canary_seen.startswith("failed"), (state, canary_seen)
     assert code == 1 and verdict["state"] == "stalled", verdict
     assert seconds <= STALL_S + 10, seconds
