@@ -16,13 +16,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import psutil
 
 from engine_watchdog.sim.launcher import free_port
+from tests.tools.server_process import ServerProcess
 from tests.tools.vllm_server import http_get
 
 SERVED_MODEL = "tiny"
@@ -42,26 +42,8 @@ class LlamaServerError(RuntimeError):
 
 
 @dataclass
-class LlamaServer:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-    startup_s: float = 0.0
-    _log: IO[bytes] | None = field(default=None, repr=False)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+class LlamaServer(ServerProcess):
+    """A running llama-server."""
 
 
 def server_argv(binary: Path, model: Path, port: int, extra: Sequence[str] = ()) -> list[str]:

@@ -15,14 +15,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_watchdog.sim.launcher import free_port
+from tests.tools.server_process import ServerProcess
 from tests.tools.vllm_env import VllmEnv, bytecode_env
 
 SERVED_MODEL = "tiny"
@@ -59,31 +59,11 @@ class VllmServerError(RuntimeError):
 
 
 @dataclass
-class VllmServer:
-    """A running vLLM server: its process group leader, address and log."""
+class VllmServer(ServerProcess):
+    """A running vLLM server."""
 
-    proc: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-    startup_s: float = 0.0
     api_key: str | None = None
     """The server was started with ``--api-key`` this key (its /v1 routes want it)."""
-    _log: IO[bytes] | None = field(default=None, repr=False)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
 
     def descendants(self) -> list[psutil.Process]:
         try:
