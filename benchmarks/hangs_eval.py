@@ -129,18 +129,7 @@ def report(f: Figures) -> str:
 def as_json(f: Figures) -> dict[str, Any]:
     return {
         "counts": f.counts,
-        "positives": {
-            v: {
-                "cases": t.cases,
-                "top1": t.top1,
-                "top3": t.top3,
-                "top1_match": t.top1_match,
-                "top1_pct": t.pct(t.top1),
-                "top3_pct": t.pct(t.top3),
-                "missed": t.misses,
-            }
-            for v, t in f.positives.items()
-        },
+        "positives": {v: _tally_json(t) for v, t in f.positives.items()},
         "false_matches": f.false_matches,
     }
 

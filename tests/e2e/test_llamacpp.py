@@ -50,6 +50,7 @@ from engine_watchdog.probes.canary import Canary
 from engine_watchdog.sim.launcher import free_port
 from engine_watchdog.sim.loadgen import StreamingLoad
 from tests.e2e.conftest import LlamaKit
+from tests.tools.cli import run_cli as run_console
 from tests.tools.guard import completion, start_guard, stop_guard, stream
 from tests.tools.llama_server import (
     REPORT_LINES as REPORT,
@@ -112,29 +113,14 @@ def decoded(slots_body: str) -> list[int]:
     return [int(s.get("next_token", [{}])[0].get("n_decoded", 0)) for s in json.loads(slots_body)]
 
 
-def watchdog() -> list[str]:
-    script = Path(sys.executable).parent / "engine-watchdog"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "engine_watchdog"]
-
-
 async def run_cli(*args: str, bound_s: float = CHECK_BOUND_S) -> tuple[int, str, float]:
-    """The console script, killed (its group) after ``bound_s``: (exit, stdout, seconds)."""
-    started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *watchdog(), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    """The console script (tests/tools/cli.py), its group killed after ``bound_s``: (exit,
+    stdout and stderr, seconds)."""
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), bound_s)
+        ran = await run_console(*args, timeout=bound_s)
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
         pytest.fail(f"engine-watchdog {' '.join(args)} still running after {bound_s:.0f} s")
-    assert proc.returncode is not None
-    text = out.decode(errors="replace") + err.decode(errors="replace")
-    return proc.returncode, text, time.monotonic() - started
+    return ran.code, ran.out + ran.err, ran.seconds
 
 
 async def check(url: str) -> tuple[int, dict[str, Any], float]:
