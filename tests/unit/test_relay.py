@@ -294,11 +294,16 @@ def test_more_streams_back_at_once_than_its_table_has_slots() -> None:
 
 
 def _until_handed_back(pump: Any, n: int) -> None:
+    _until_counted(pump, 1, n, "handed back")
+
+
+def _until_counted(pump: Any, index: int, n: int, what: str) -> None:
+    """Until the pump's count ``index`` (0: relayed, 1: handed back) reaches ``n``; 5 s."""
     for _ in range(500):
-        if pump.counts()[1] >= n:
+        if pump.counts()[index] >= n:
             return
         select.select([], [], [], 0.01)
-    raise AssertionError(f"{pump.counts()[1]} of {n} handed back")
+    raise AssertionError(f"{pump.counts()[index]} of {n} {what}")
 
 
 def test_a_pump_that_cannot_start_leaves_every_descriptor_alone() -> None:
@@ -388,6 +393,9 @@ def test_a_fork_while_the_thread_relays_never_leaves_the_child_a_locked_mutex() 
         lanes = [r.adopt(p) for p in pairs]
         for t in floods:
             t.start()
+        # The forks below must meet the thread serving: on a loaded machine the floods can
+        # still be starting when 30 forks are done.
+        _until_counted(r.pump, 0, 1, "relayed")
 
         def touch() -> None:
             signal.alarm(5)  # a locked mutex would hang here: the alarm ends the child
